@@ -1,0 +1,3 @@
+from qtune.cli import main
+
+main()

@@ -1,0 +1,211 @@
+"""Everything qtune prints for people (the only module that imports rich).
+
+Human output goes to stderr so that ``--json`` output on stdout stays
+machine-readable; the JSON itself is printed by the CLI.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from qtune.errors import QtuneError, redact
+
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+
+def render_error(exc: QtuneError) -> None:
+    err.print(Text("error: ", style="bold red") + Text(exc.message))
+    if exc.hint:
+        err.print(Text("hint: ", style="yellow") + Text(exc.hint))
+
+
+def _gib(b: int | None) -> str:
+    return "?" if b is None else f"{b / 2**30:.1f} GiB"
+
+
+def render_probe(d: dict[str, Any]) -> None:
+    cpu = d["cpu"]
+    t = Table(title="host", show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("cpu", f"{cpu['model']}")
+    t.add_row("", f"{cpu['sockets']} socket(s), {cpu['physical_cores']} cores, "
+              f"{cpu['logical_cpus']} logical CPUs, SMT "
+              f"{'on' if cpu['smt_active'] else 'off'}")
+    if cpu["flags"]:
+        t.add_row("", "features: " + " ".join(cpu["flags"]))
+    gov = ", ".join(f"{g} ({n})" for g, n in cpu["governors"].items()) or "not exposed"
+    t.add_row("governor", gov)
+    for n in d["numa"]["nodes"]:
+        t.add_row(f"numa node {n['id']}",
+                  f"cpus {n['cpulist']}, memory {_gib(n['memory_total'])}")
+    m = d["memory"]
+    t.add_row("memory", f"{_gib(m['total'])} total, {_gib(m['available'])} available")
+    t.add_row("thp", f"enabled={d['thp']['enabled']} defrag={d['thp']['defrag']}")
+    if d["gpus"]:
+        drv = d["gpu_driver"]
+        t.add_row("gpu driver", f"{drv['driver_version']} (CUDA {drv['cuda_version']})")
+        for g in d["gpus"]:
+            link = (f"PCIe gen{g['pcie_gen']}/{g['pcie_gen_max']} "
+                    f"x{g['pcie_width']}/{g['pcie_width_max']}")
+            nv = (f", NVLink {g['nvlink_active_links']} links to {g['nvlink_peers']}"
+                  if g["nvlink_active_links"] else "")
+            t.add_row(f"gpu {g['index']}",
+                      f"{g['name']}, {_gib(g['memory_total'])}, cc {g['compute_capability']}, "
+                      f"NUMA {g['numa_node']}, {link}{nv}")
+    else:
+        t.add_row("gpus", f"none ({d['gpu_driver']['note']})")
+    eng = d["engines"]["installed"]
+    t.add_row("engines", ", ".join(f"{e['name']} {e['version']} ({e['build']})"
+                                   for e in eng) or "none found")
+    out.print(t)
+    if d["findings"]:
+        ft = Table(title="findings", show_lines=False)
+        ft.add_column("id")
+        ft.add_column("severity")
+        ft.add_column("seen")
+        ft.add_column("fix")
+        colour = {"error": "red", "warning": "yellow", "info": "cyan"}
+        for f in d["findings"]:
+            ft.add_row(f["id"], Text(f["severity"], style=colour[f["severity"]]),
+                       f["seen"], f["fix"])
+        out.print(ft)
+    else:
+        out.print("findings: none")
+
+
+def _fmt(v: float | None, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.1f}{unit}" if abs(v) < 1e5 else f"{v:,.0f}{unit}"
+
+
+class SearchReporter:
+    """Live progress of a study: a status line for the running trial and a
+    row per finished trial, with the best so far and the time left."""
+
+    def __init__(self, objective: str, quiet: bool = False) -> None:
+        self.objective = objective
+        self.quiet = quiet
+        self.live: Live | None = None
+        self.started = time.monotonic()
+        self.total = 0
+        self.done_launched = 0
+        self.trial_times: list[float] = []
+        self.phase_text = ""
+
+    def __enter__(self) -> SearchReporter:
+        if not self.quiet:
+            self.live = Live(Text(""), console=err, refresh_per_second=4,
+                             transient=True)
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.live.stop()
+
+    def _eta(self) -> str:
+        if not self.trial_times:
+            return "unknown"
+        left = max(self.total - self.done_launched, 0)
+        avg = sum(self.trial_times) / len(self.trial_times)
+        return f"~{left * avg / 60:.0f} min" if left else "0 min"
+
+    def study_started(self, info: dict[str, Any]) -> None:
+        self.total = info["trials"]
+        if self.quiet:
+            return
+        err.print(Text(f"study {info['study']}", style="bold"))
+        err.print(f"  engine   {info['engine']}")
+        m = info["model"]
+        err.print(f"  model    {m['id']} ({m['layers']} layers, {m['heads']} heads, "
+                  f"{m['kv_heads']} KV heads, load format {m['load_format']})")
+        wl = info["workload"]
+        bound = " ".join(x for x in (
+            f"{wl['requests']} requests" if wl["requests"] else "",
+            f"{wl['duration']:g} s" if wl["duration"] else "") if x)
+        load = (f"poisson {wl['rate']:g} req/s" if wl["rate"] is not None
+                else f"concurrency {wl['concurrency'] or 1}")
+        err.print(f"  load     {wl['input_len']} in / {wl['output_len']} out tokens, "
+                  f"{load}, {bound}, {wl['warmup_requests']} warm-up")
+        err.print(f"  goal     {info['objective']}"
+                  + (f" with SLO {', '.join(info['slo'])}" if info["slo"] else ""))
+        err.print("  space    " + ", ".join(f"{k} {v}" for k, v in info["space"].items()))
+        if info["fixed"]:
+            err.print(f"  fixed    {info['fixed']}")
+        err.print(f"  storage  {info['storage']}")
+
+    def trial_phase(self, number: int, phase: str, detail: str) -> None:
+        if self.live:
+            elapsed = (time.monotonic() - self.started) / 60
+            self.live.update(Text(
+                f"trial {number} [{self.done_launched + 1}/{self.total}] {phase}: "
+                f"{detail}   (elapsed {elapsed:.1f} min, left {self._eta()})",
+                style="dim"))
+
+    def trial_done(self, rec: Any, best: Any) -> None:
+        if rec.status != "invalid":
+            self.done_launched += 1
+            if rec.total_s:
+                self.trial_times.append(rec.total_s)
+        if self.quiet:
+            return
+        tag = "baseline " if rec.baseline else ""
+        params = " ".join(f"{k}={v}" for k, v in rec.params.items()) or "engine defaults"
+        if rec.status == "ok":
+            s = rec.summary
+            e2e, ttft = s["e2e_ms"] or {}, s["ttft_ms"] or {}
+            flag = "" if rec.feasible else Text(" (infeasible)", style="red").plain
+            line = (f"{self.objective}={_fmt(rec.value)}{flag}  "
+                    f"ttft p50/p99 {_fmt(ttft.get('p50'))}/{_fmt(ttft.get('p99'))} ms  "
+                    f"e2e p99 {_fmt(e2e.get('p99'))} ms  "
+                    f"{s['request_throughput']:.2f} req/s  failed {s['failed']}  "
+                    f"start {rec.startup_s:.0f} s")
+            style = "green" if best is not None and best.number == rec.number else ""
+        elif rec.status == "invalid":
+            line = f"skipped, not launched: {rec.detail}"
+            style = "dim"
+        else:
+            line = f"{rec.status}: {rec.reason}: {redact(rec.detail or '')[:160]}"
+            style = "red"
+        best_txt = (f"best so far: trial {best.number} {_fmt(best.value)}"
+                    if best is not None else "no feasible trial yet")
+        err.print(Text(f"trial {rec.number} {tag}", style="bold") + Text(params))
+        err.print(Text(f"    {line}", style=style))
+        if rec.status != "invalid":
+            err.print(Text(f"    {best_txt}; left {self._eta()}", style="dim"))
+
+
+def render_search_result(res: Any) -> None:
+    if res.best is None:
+        err.print(Text("no feasible configuration found", style="bold red"))
+        return
+    t = Table(title="result")
+    t.add_column("")
+    t.add_column("baseline (defaults)")
+    t.add_column(f"best (trial {res.best.number})")
+    b = res.baseline.summary if res.baseline and res.baseline.summary else None
+    w = res.best.summary
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
+        for p in ("p50", "p99"):
+            t.add_row(f"{label} {p} (ms)",
+                      _fmt(((b or {}).get(key) or {}).get(p)),
+                      _fmt((w.get(key) or {}).get(p)))
+    t.add_row("req/s", _fmt((b or {}).get("request_throughput")),
+              _fmt(w["request_throughput"]))
+    t.add_row("failed", str((b or {}).get("failed", "-")), str(w["failed"]))
+    out.print(t)
+    if res.improvement:
+        out.print(f"improvement over the engine defaults: {res.improvement:.2f}x")
+    elif res.baseline is not None and res.baseline.status != "ok":
+        out.print(f"the engine defaults failed ({res.baseline.reason}): any working "
+                  "configuration is an improvement")
+    out.print(f"profile: {res.profile_path}")

@@ -1,0 +1,135 @@
+"""The engine protocol: what an inference engine adapter must provide.
+
+An adapter is pure: it describes the tunable space and builds the launch
+command, and never starts a process (``qtune.server`` does, for any engine).
+
+Lifecycle of one trial, and who owns each step:
+
+    probe (qtune.host) → space (adapter) → sample (qtune.search)
+    → check (adapter) → launch_spec (adapter) → start/ready/stop (qtune.server)
+    → load (qtune.load) → classify failures (adapter) → record (qtune.search)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from qtune.host import HostFacts
+from qtune.host.installed import EngineInstall
+from qtune.model import ModelInfo
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tunable.  ``target`` says where the value goes: a CLI flag or an
+    environment variable of the server process."""
+
+    name: str
+    kind: str  # "int" | "float" | "bool" | "choice"
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: tuple[Any, ...] = ()
+    target: str = "flag"  # "flag" | "env"
+    help: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind in ("int", "float") and (
+            self.low is None or self.high is None or self.low > self.high
+        ):
+            raise ValueError(f"{self.name}: bad range {self.low}..{self.high}")
+        if self.kind == "choice" and not self.choices:
+            raise ValueError(f"{self.name}: no choices")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything ``qtune.server`` needs to start and watch one server."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    host: str
+    port: int
+    served_model: str
+    health_path: str = "/health"
+    models_path: str = "/v1/models"
+    # Log lines after which the server will never become ready even though
+    # its process may linger (vLLM's API server can hang after its engine
+    # core died): the runner stops waiting as soon as one appears.
+    fatal_patterns: tuple[str, ...] = ()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class SpaceContext:
+    """What an adapter may consult to shape the space: host, model, build."""
+
+    host: HostFacts
+    model: ModelInfo
+    install: EngineInstall
+    max_model_len: int | None = None  # explicit --max-model-len, if any
+
+    @property
+    def effective_max_model_len(self) -> int:
+        return self.max_model_len or self.model.max_context
+
+
+@dataclass(frozen=True)
+class Failure:
+    reason: str  # oom | invalid_config | timeout | port_in_use | environment | crash
+    detail: str
+
+
+@dataclass
+class FixedArgs:
+    """Flags and env qtune sets on every trial (not tuned)."""
+
+    flags: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    name: str
+
+    def space(self, ctx: SpaceContext) -> list[Param]:
+        """The tunables for this host, model and build."""
+        ...
+
+    def baseline(self, ctx: SpaceContext) -> tuple[dict[str, Any], str | None]:
+        """Params for the engine-defaults baseline trial (normally ``{}``) and
+        a note when something had to be set for the defaults to start here."""
+        ...
+
+    def check(self, params: Mapping[str, Any], ctx: SpaceContext) -> list[str]:
+        """Violated hard constraints (the engine would refuse to start)."""
+        ...
+
+    def launch_spec(
+        self, params: Mapping[str, Any], ctx: SpaceContext, *, host: str, port: int
+    ) -> LaunchSpec:
+        ...
+
+    def classify(self, log_text: str) -> Failure:
+        ...
+
+
+def classify_by_patterns(
+    log_text: str, patterns: list[tuple[str, str]], default: str = "crash"
+) -> Failure:
+    """First matching (regex, reason) wins; the detail is the matching line."""
+    for pattern, reason in patterns:
+        m = re.search(pattern, log_text, re.M)
+        if m:
+            start = log_text.rfind("\n", 0, m.start()) + 1
+            end = log_text.find("\n", m.end())
+            line = log_text[start : end if end >= 0 else None].strip()
+            return Failure(reason, line[-400:])
+    lines = [ln for ln in log_text.strip().splitlines() if ln.strip()]
+    return Failure(default, lines[-1][-400:] if lines else "no output")

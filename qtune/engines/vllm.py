@@ -1,0 +1,250 @@
+"""vLLM adapter: search space, launch command and failure classes.
+
+Facts used here (vLLM 0.32; engines.md §1-4):
+- ``max_num_batched_tokens >= max_num_seqs`` always, and ``>= max_model_len``
+  when chunked prefill is off, else a pydantic ValidationError at start.
+- On CPU the KV cache is sized by ``VLLM_CPU_KVCACHE_SPACE`` (GiB), which
+  overrides ``--gpu-memory-utilization`` (read there as a fraction of the
+  NUMA node's RAM: the 0.92 default often cannot start on a shared host).
+- tensor parallel size must divide the attention heads, and the KV heads must
+  divide it or be divisible by it.
+- The ``vllm`` console script is broken in the ``vllm-cpu`` distribution, so
+  the server is started as ``python -m vllm.entrypoints.openai.api_server``
+  with the engine's own Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from qtune.engines.base import (
+    Failure,
+    LaunchSpec,
+    Param,
+    SpaceContext,
+    classify_by_patterns,
+)
+
+# Root-cause strings from the startup log → failure class.  Order matters:
+# the wrapper error ("Engine core initialization failed") comes last.
+_FAILURES: list[tuple[str, str]] = [
+    (r"Address already in use", "port_in_use"),
+    (r"No available memory for the cache blocks", "oom"),
+    (r"To serve at least one request with the model's max seq len", "oom"),
+    (r"less than desired (?:GPU|CPU) memory utilization", "oom"),
+    (r"(?:CUDA )?[Oo]ut of memory", "oom"),
+    (r"Cannot allocate memory|MemoryError", "oom"),
+    (r"ValidationError|validation error for", "invalid_config"),
+    (r"must be divisible by|is not divisible by", "invalid_config"),
+    (r"is smaller than max_model_len", "invalid_config"),
+    (r"must be greater than or equal to max_num_seqs", "invalid_config"),
+    (r"is greater than the derived max_model_len", "invalid_config"),
+    (r"Unknown quantization method", "invalid_config"),
+    (r"larger than the number of available GPUs", "invalid_config"),
+    (r"Not enough allowed NUMA nodes", "invalid_config"),
+    (r"unrecognized arguments|invalid choice|error: argument", "invalid_config"),
+    (r"Cannot find any model weights|Repository Not Found|No such file", "environment"),
+    (r"Timed out waiting for engine core", "timeout"),
+    (r"ValueError: .*", "invalid_config"),
+    (r"Engine core initialization failed", "crash"),
+]
+
+# vLLM's API server may stay alive after its engine core died at start.
+_FATAL = (
+    r"Engine core initialization failed",
+    r"EngineDeadError",
+    r"Address already in use",
+)
+
+_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def _pow2_between(lo: int, hi: int) -> list[int]:
+    out, v = [], 1
+    while v <= hi:
+        if v >= lo:
+            out.append(v)
+        v *= 2
+    return out
+
+
+class VLLM:
+    name = "vllm"
+
+    def space(self, ctx: SpaceContext) -> list[Param]:
+        mml = ctx.effective_max_model_len
+        params = [
+            Param(
+                "max_num_seqs",
+                "int",
+                low=4,
+                high=512 if ctx.host.gpus else 256,
+                log=True,
+                help="most requests batched in one engine step",
+            ),
+            Param(
+                "max_num_batched_tokens",
+                "int",
+                low=256,
+                high=max(16384, mml),
+                log=True,
+                help="token budget of one engine step (prefill chunks + decodes)",
+            ),
+            Param("enable_chunked_prefill", "bool", help="split long prefills"),
+            Param("enable_prefix_caching", "bool", help="reuse KV of shared prefixes"),
+        ]
+        if ctx.install.build == "cpu":
+            avail_gib = ctx.host.memory.available / 2**30
+            # Leave room for weights, activations, the API server and the load
+            # client: at most half of what is available now.
+            hi = max(1, min(64, int(avail_gib * 0.5)))
+            params.append(
+                Param(
+                    "VLLM_CPU_KVCACHE_SPACE",
+                    "int",
+                    low=1,
+                    high=hi,
+                    target="env",
+                    help="KV cache size in GiB (CPU backend)",
+                )
+            )
+        else:
+            params.append(
+                Param(
+                    "gpu_memory_utilization",
+                    "float",
+                    low=0.70,
+                    high=0.95,
+                    step=0.01,
+                    help="fraction of GPU memory for weights, activations and KV",
+                )
+            )
+            tps = self.valid_tp_sizes(ctx)
+            if len(tps) > 1:
+                params.append(Param("tensor_parallel_size", "choice", choices=tuple(tps)))
+            dtypes: tuple[str, ...] = ("auto",)
+            if ctx.host.gpus and all(
+                _cc(g.compute_capability) >= (8, 9) for g in ctx.host.gpus
+            ):
+                dtypes = ("auto", "fp8")  # fp8 KV needs Ada/Hopper or newer
+            if len(dtypes) > 1:
+                params.append(Param("kv_cache_dtype", "choice", choices=dtypes))
+            params.append(
+                Param(
+                    "max_cudagraph_capture_size",
+                    "choice",
+                    choices=(64, 128, 256, 512),
+                    help="largest batch replayed from a CUDA graph",
+                )
+            )
+        return params
+
+    @staticmethod
+    def valid_tp_sizes(ctx: SpaceContext) -> list[int]:
+        n_gpus = max(len(ctx.host.gpus), 1)
+        heads, kv = ctx.model.num_heads, ctx.model.num_kv_heads
+        out = []
+        for tp in range(1, n_gpus + 1):
+            if heads % tp:
+                continue
+            if kv and not (kv % tp == 0 or tp % kv == 0):
+                continue
+            out.append(tp)
+        return out or [1]
+
+    def baseline(self, ctx: SpaceContext) -> tuple[dict[str, Any], str | None]:
+        if ctx.install.build != "cpu":
+            return {}, None
+        # On CPU the default KV budget is 0.92 × the NUMA node's RAM, which
+        # vLLM refuses when less is available.  Predict that and give the
+        # baseline a modest explicit KV size instead, saying so.
+        node = ctx.host.numa[0]
+        node_total = node.memory_total or ctx.host.memory.total
+        node_free = node.memory_free or ctx.host.memory.available
+        # vLLM measures free memory after its own processes started (about
+        # 1.3 GiB on a tiny model): keep a 2 GiB margin in the prediction.
+        if 0.92 * node_total + 2 * 2**30 <= min(node_free, ctx.host.memory.available):
+            return {}, None
+        kv = max(1, min(4, int(ctx.host.memory.available / 2**30 * 0.25)))
+        return (
+            {"VLLM_CPU_KVCACHE_SPACE": kv},
+            f"engine default KV budget (0.92 x {node_total / 2**30:.1f} GiB of "
+            f"NUMA node {node.id}) exceeds the free memory; baseline uses "
+            f"VLLM_CPU_KVCACHE_SPACE={kv}",
+        )
+
+    def check(self, params: Mapping[str, Any], ctx: SpaceContext) -> list[str]:
+        out = []
+        seqs = params.get("max_num_seqs")
+        mnbt = params.get("max_num_batched_tokens")
+        mml = ctx.effective_max_model_len
+        if seqs is not None and mnbt is not None and mnbt < seqs:
+            out.append(
+                f"max_num_batched_tokens ({mnbt}) < max_num_seqs ({seqs})"
+            )
+        if params.get("enable_chunked_prefill") is False:
+            # With chunked prefill off one step must hold a whole prompt.
+            eff = mnbt if mnbt is not None else 2048
+            if eff < mml:
+                out.append(
+                    f"chunked prefill off needs max_num_batched_tokens ({eff}) "
+                    f">= max_model_len ({mml})"
+                )
+        tp = params.get("tensor_parallel_size")
+        if tp is not None and tp not in self.valid_tp_sizes(ctx):
+            out.append(f"tensor_parallel_size {tp} does not fit heads/GPUs")
+        return out
+
+    def launch_spec(
+        self, params: Mapping[str, Any], ctx: SpaceContext, *, host: str, port: int
+    ) -> LaunchSpec:
+        python = ctx.install.python or "python3"
+        m = ctx.model
+        argv: list[str] = [python, "-m", _SERVER_MODULE, "--model", str(m.path)]
+        argv += ["--served-model-name", m.served_name]
+        if m.tokenizer_dir != m.path:
+            argv += ["--tokenizer", str(m.tokenizer_dir)]
+        if m.load_format:
+            argv += ["--load-format", m.load_format]
+        if ctx.max_model_len:
+            argv += ["--max-model-len", str(ctx.max_model_len)]
+        if ctx.install.build == "cpu":
+            # torch.compile adds ~60 s to every CPU start; eager keeps trials
+            # short, and the emitted unit runs the same mode it was tuned in.
+            argv.append("--enforce-eager")
+        argv += ["--host", host, "--port", str(port)]
+        space = {p.name: p for p in self.space(ctx)}
+        env = {"HF_HUB_OFFLINE": "1"}
+        for name, value in sorted(params.items()):
+            p = space.get(name)
+            if (p is not None and p.target == "env") or name.isupper():
+                env[name] = str(value)
+            else:
+                argv += to_flag(name, value)
+        return LaunchSpec(
+            argv=tuple(argv),
+            env=env,
+            host=host,
+            port=port,
+            served_model=m.served_name,
+            fatal_patterns=_FATAL,
+        )
+
+    def classify(self, log_text: str) -> Failure:
+        return classify_by_patterns(log_text, _FAILURES)
+
+
+def to_flag(name: str, value: Any) -> list[str]:
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag] if value else ["--no-" + name.replace("_", "-")]
+    return [flag, str(value)]
+
+
+def _cc(text: str) -> tuple[int, int]:
+    try:
+        major, minor = text.split(".")
+        return int(major), int(minor)
+    except ValueError:
+        return (0, 0)

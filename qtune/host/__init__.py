@@ -1,0 +1,323 @@
+"""Host probe: what the machine is, and what on it would hurt serving.
+
+``probe()`` returns ``HostFacts``: CPU, NUMA, memory, THP, GPUs, installed
+engines and ``findings`` (each with an id, a severity, what was seen and the
+concrete fix).  The probe only reads; it never changes a setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qtune.host.gpu import GPU, GPUReport, read_gpus
+from qtune.host.installed import InstalledEngines, find_engines
+from qtune.host.sysfs import (
+    PROBED_GLOBS,
+    CPUFacts,
+    MemoryFacts,
+    NUMANode,
+    THPFacts,
+    format_cpulist,
+    read_cpu,
+    read_memory,
+    read_numa,
+    read_thp,
+)
+
+__all__ = ["HostFacts", "Finding", "probe", "capture"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: str  # "info" | "warning" | "error"
+    seen: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    hostname: str
+    cpu: CPUFacts
+    numa: list[NUMANode]
+    memory: MemoryFacts
+    thp: THPFacts
+    gpu: GPUReport
+    engines: InstalledEngines
+    usable_cpus: list[int]
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def gpus(self) -> list[GPU]:
+        return self.gpu.gpus
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The facts a profile depends on: a profile tuned on another kind of
+        host (other CPU, GPU, core count, memory) should be re-tuned."""
+        fp = {
+            "hostname": self.hostname,
+            "cpu_model": self.cpu.model,
+            "sockets": self.cpu.sockets,
+            "physical_cores": self.cpu.physical_cores,
+            "logical_cpus": self.cpu.logical_cpus,
+            "numa_nodes": len(self.numa),
+            "memory_gib": round(self.memory.total / 2**30, 1),
+            "gpus": [f"{g.name} ({g.memory_total // 2**20} MiB)" for g in self.gpus],
+            "driver": self.gpu.driver_version,
+            "cuda": self.gpu.cuda_version,
+        }
+        blob = json.dumps({k: v for k, v in fp.items() if k != "hostname"})
+        fp["id"] = hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return fp
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hostname": self.hostname,
+            "cpu": dataclasses.asdict(self.cpu)
+            | {"usable_cpus": format_cpulist(self.usable_cpus)},
+            "numa": {
+                "node_count": len(self.numa),
+                "nodes": [
+                    dataclasses.asdict(n) | {"cpulist": format_cpulist(n.cpus)}
+                    for n in self.numa
+                ],
+            },
+            "memory": dataclasses.asdict(self.memory),
+            "thp": dataclasses.asdict(self.thp),
+            "gpus": [dataclasses.asdict(g) for g in self.gpus],
+            "gpu_driver": {
+                "driver_version": self.gpu.driver_version,
+                "cuda_version": self.gpu.cuda_version,
+                "note": self.gpu.note,
+            },
+            "engines": {
+                "python": self.engines.python,
+                "installed": [dataclasses.asdict(e) for e in self.engines.engines],
+                "error": self.engines.error,
+            },
+            "findings": [dataclasses.asdict(f) for f in self.findings],
+            "fingerprint": self.fingerprint(),
+        }
+
+
+def probe(
+    *,
+    root: Path = Path("/"),
+    engine_python: str | None = None,
+    nvml: Any = None,
+    usable_cpus: list[int] | None = None,
+) -> HostFacts:
+    cpu = read_cpu(root)
+    numa = read_numa(root, cpu.online)
+    if usable_cpus is None:
+        usable_cpus = (
+            sorted(os.sched_getaffinity(0)) if root == Path("/") else cpu.online
+        )
+    facts = HostFacts(
+        hostname=os.uname().nodename if root == Path("/") else root.name,
+        cpu=cpu,
+        numa=numa,
+        memory=read_memory(root),
+        thp=read_thp(root),
+        gpu=read_gpus(nvml, root),
+        engines=find_engines(engine_python or sys.executable),
+        usable_cpus=usable_cpus,
+    )
+    return dataclasses.replace(facts, findings=findings(facts))
+
+
+def cpu_binding(facts: HostFacts) -> list[int]:
+    """The CPUs a server would be bound to: the NUMA node of the first GPU,
+    else node 0, restricted to what this process may use."""
+    node = facts.gpus[0].numa_node if facts.gpus else None
+    chosen = next((n for n in facts.numa if n.id == node), facts.numa[0])
+    cpus = [c for c in chosen.cpus if c in facts.usable_cpus]
+    return cpus or facts.usable_cpus
+
+
+def findings(facts: HostFacts) -> list[Finding]:
+    out: list[Finding] = []
+    thp = facts.thp
+    if thp.defrag == "always":
+        out.append(
+            Finding(
+                "thp-defrag-always",
+                "warning",
+                "transparent_hugepage/defrag is 'always': page faults may stall "
+                "on synchronous compaction (latency spikes)",
+                "echo defer+madvise > /sys/kernel/mm/transparent_hugepage/defrag",
+            )
+        )
+    if thp.enabled == "never":
+        out.append(
+            Finding(
+                "thp-disabled",
+                "info",
+                "transparent huge pages are disabled: large tensors pay more TLB misses",
+                "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled",
+            )
+        )
+    slow = {g: n for g, n in facts.cpu.governors.items() if g != "performance"}
+    if slow:
+        seen = ", ".join(f"{n} CPUs on '{g}'" for g, n in sorted(slow.items()))
+        out.append(
+            Finding(
+                "cpu-governor",
+                "warning",
+                f"CPU frequency governor is not 'performance' ({seen})",
+                "cpupower frequency-set -g performance  (or tuned-adm profile "
+                "throughput-performance)",
+            )
+        )
+    if facts.cpu.isolated:
+        out.append(
+            Finding(
+                "isolated-cpus",
+                "info",
+                f"CPUs {format_cpulist(facts.cpu.isolated)} are isolated (isolcpus)",
+                "bind the server to them explicitly, or they stay idle",
+            )
+        )
+    bind = cpu_binding(facts)
+    for g in facts.gpus:
+        if g.numa_node is None:
+            continue
+        gpu_node = next((n for n in facts.numa if n.id == g.numa_node), None)
+        if gpu_node and not set(bind) & set(gpu_node.cpus):
+            out.append(
+                Finding(
+                    f"gpu{g.index}-numa-remote",
+                    "warning",
+                    f"GPU {g.index} sits on NUMA node {g.numa_node} but the CPUs "
+                    f"qtune would bind ({format_cpulist(bind)}) are elsewhere",
+                    f"bind the server to node {g.numa_node}: CPUAffinity="
+                    f"{format_cpulist(gpu_node.cpus)} NUMAPolicy=bind "
+                    f"NUMAMask={g.numa_node}",
+                )
+            )
+        if g.pcie_gen and g.pcie_gen_max and g.pcie_width_max and g.pcie_width:
+            if g.pcie_width < g.pcie_width_max:
+                out.append(
+                    Finding(
+                        f"gpu{g.index}-pcie-width",
+                        "warning",
+                        f"GPU {g.index} PCIe link runs x{g.pcie_width} of "
+                        f"x{g.pcie_width_max}",
+                        "reseat the card or check the slot/riser; width does not "
+                        "drop at idle (generation does)",
+                    )
+                )
+        if g.persistence_mode is False:
+            out.append(
+                Finding(
+                    f"gpu{g.index}-persistence",
+                    "info",
+                    f"GPU {g.index} persistence mode is off: first CUDA init is slower",
+                    "nvidia-smi -pm 1  (or enable nvidia-persistenced)",
+                )
+            )
+    if len(facts.numa) > 1 and not facts.gpus:
+        out.append(
+            Finding(
+                "cpu-multi-numa",
+                "info",
+                f"{len(facts.numa)} NUMA nodes: vLLM's CPU backend binds one "
+                "tensor-parallel rank per node",
+                f"tune with tensor_parallel_size={len(facts.numa)} or bind to one "
+                "node (VLLM_CPU_OMP_THREADS_BIND)",
+            )
+        )
+    vllm = facts.engines.get("vllm")
+    if vllm and vllm.build == "cuda" and not facts.gpus:
+        out.append(
+            Finding(
+                "vllm-cuda-no-gpu",
+                "error",
+                f"vLLM {vllm.version} is a CUDA build but no NVIDIA GPU is visible "
+                f"({facts.gpu.note})",
+                "install the CPU build (pip install 'qtune[cpu]') or fix the driver",
+            )
+        )
+    if vllm and vllm.build == "cpu" and not _has_tcmalloc():
+        out.append(
+            Finding(
+                "no-tcmalloc",
+                "info",
+                "libtcmalloc not found: vLLM's CPU backend recommends it for "
+                "allocation-heavy serving",
+                "apt-get install libtcmalloc-minimal4  (vLLM preloads it itself)",
+            )
+        )
+    if not facts.engines.engines:
+        out.append(
+            Finding(
+                "no-engine",
+                "warning",
+                f"no inference engine found for {facts.engines.python}",
+                "pip install 'qtune[cpu]' (CPU) or 'qtune[vllm]' (GPU), or pass "
+                "--engine-python /path/to/engine/venv/bin/python",
+            )
+        )
+    avail = facts.memory.available / max(facts.memory.total, 1)
+    if facts.memory.total and avail < 0.2:
+        out.append(
+            Finding(
+                "low-memory",
+                "warning",
+                f"only {avail:.0%} of memory is available",
+                "stop other workloads before tuning; measurements will be noisy",
+            )
+        )
+    return out
+
+
+def _has_tcmalloc() -> bool:
+    dirs = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64"]
+    return any(
+        p.name.startswith("libtcmalloc")
+        for d in dirs
+        if Path(d).is_dir()
+        for p in Path(d).iterdir()
+    )
+
+
+def capture(dest: Path, *, root: Path = Path("/"), nvml: Any = None) -> int:
+    """Copy the /sys and /proc files the probe reads into ``dest`` (a
+    fixture or a bug report), plus NVML answers as ``nvml.json``."""
+    import glob
+
+    n = 0
+    for pattern in PROBED_GLOBS:
+        for src in glob.glob(str(root / pattern)):
+            rel = Path(src).relative_to(root)
+            try:
+                data = Path(src).read_bytes()
+            except OSError:
+                continue
+            out = dest / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(data)
+            n += 1
+    report = read_gpus(nvml, root)
+    for g in report.gpus:
+        bdf = g.pci_bus_id.lower()
+        bdf = bdf[4:] if len(bdf.split(":")[0]) == 8 else bdf
+        for name in ("numa_node", "local_cpulist"):
+            src = root / "sys/bus/pci/devices" / bdf / name
+            if src.exists():
+                out = dest / src.relative_to(root)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, out)
+                n += 1
+    (dest / "gpus.json").write_text(
+        json.dumps(dataclasses.asdict(report), indent=1) + "\n"
+    )
+    return n

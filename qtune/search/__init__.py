@@ -1,0 +1,587 @@
+"""The search: the only module that brings host, engine, server, load,
+metrics, Optuna and the profile together.
+
+One trial = free port → launch (own process group, log under the study
+folder) → ready → warm-up + measured load → stop → record.  What a trial
+can teach is always recorded:
+
+- a combination the engine would refuse (``check``) is told as PRUNED
+  without a launch (cheap, and TPE learns from pruned trials, not failed);
+- a startup failure is PRUNED with its classified reason from the log;
+- a measured trial is COMPLETE, with constraints for failed requests and
+  each SLO (``trial.set_constraint``: feasible when all ≤ 0), so a trial with
+  errors or a missed SLO cannot win;
+- only a broken setup (no engine, bad model) stops the study, before any
+  trial.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.trial import TrialState
+
+from qtune import __version__
+from qtune.engines import get_engine
+from qtune.engines.base import Engine, Param, SpaceContext
+from qtune.errors import EngineError, InputError, ServerError, StudyError
+from qtune.host import HostFacts, probe
+from qtune.load import run_load
+from qtune.metrics import metric_value, summarize
+from qtune.model import ModelInfo, resolve_model
+from qtune.profile import EngineInfo, Profile, StudyRef
+from qtune.search.config import (
+    OBJECTIVES,
+    TuneConfig,
+    apply_overrides,
+    check_objective,
+    load_space_file,
+)
+from qtune.server import Server, free_port
+
+__all__ = ["Reporter", "TrialRecord", "TuneResult", "tune", "prepare"]
+
+# Infrastructure faults say nothing about the configuration: retry them.
+_RETRYABLE = {"port_in_use"}
+
+
+class Reporter(Protocol):
+    def study_started(self, info: dict[str, Any]) -> None: ...
+    def trial_phase(self, number: int, phase: str, detail: str) -> None: ...
+    def trial_done(self, rec: TrialRecord, best: TrialRecord | None) -> None: ...
+
+
+class NullReporter:
+    def study_started(self, info: dict[str, Any]) -> None:
+        pass
+
+    def trial_phase(self, number: int, phase: str, detail: str) -> None:
+        pass
+
+    def trial_done(self, rec: TrialRecord, best: TrialRecord | None) -> None:
+        pass
+
+
+@dataclass
+class TrialRecord:
+    number: int
+    params: dict[str, Any]
+    status: str  # ok | invalid | startup_failed | load_failed
+    baseline: bool = False
+    value: float | None = None
+    feasible: bool = False
+    reason: str | None = None
+    detail: str | None = None
+    summary: dict[str, Any] | None = None
+    startup_s: float | None = None
+    measure_s: float | None = None
+    total_s: float | None = None
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    log: str | None = None
+
+    @classmethod
+    def from_frozen(cls, t: optuna.trial.FrozenTrial) -> TrialRecord:
+        a = t.user_attrs
+        return cls(
+            number=t.number,
+            params=a.get("launch_params", dict(t.params)),
+            status=a.get("status", "unknown"),
+            baseline=bool(a.get("baseline")),
+            value=t.value if t.state == TrialState.COMPLETE else None,
+            feasible=t.state == TrialState.COMPLETE and _feasible(t),
+            reason=a.get("reason"),
+            detail=a.get("detail"),
+            summary=a.get("summary"),
+            startup_s=a.get("startup_s"),
+            measure_s=a.get("measure_s"),
+            total_s=a.get("total_s"),
+            argv=a.get("argv", []),
+            env=a.get("env", {}),
+            log=a.get("log"),
+        )
+
+
+def _feasible(t: optuna.trial.FrozenTrial) -> bool:
+    c = t.constraints or {}
+    values = c.values() if isinstance(c, dict) else c
+    return all(v <= 0 for v in values)
+
+
+@dataclass
+class TuneResult:
+    study_name: str
+    storage: str
+    best: TrialRecord | None
+    baseline: TrialRecord | None
+    trials: list[TrialRecord]
+    profile_path: Path | None
+    profile: Profile | None
+    improvement: float | None  # best vs baseline, in the objective's sense
+
+
+@dataclass
+class Prepared:
+    cfg: TuneConfig
+    host: HostFacts
+    engine: Engine
+    ctx: SpaceContext
+    params: list[Param]
+    fixed: dict[str, Any]
+    direction: str
+    study_name: str
+    storage_url: str
+    study_dir: Path
+
+
+def prepare(cfg: TuneConfig) -> Prepared:
+    """Everything that can fail because of the input, checked before any
+    trial or file is created."""
+    direction = check_objective(cfg.objective)
+    engine = get_engine(cfg.engine)
+    override = load_space_file(cfg.space_file) if cfg.space_file else None
+    model = resolve_model(cfg.model)
+    need = cfg.workload.input_len + cfg.workload.output_len
+    mml = cfg.max_model_len or model.max_context
+    if need > mml:
+        raise InputError(
+            f"--input-len + --output-len = {need} exceeds the model's context "
+            f"length {mml}",
+            hint="shorten the workload or raise --max-model-len",
+        )
+    host = probe(engine_python=cfg.engine_python)
+    install = host.engines.get(cfg.engine)
+    if install is None:
+        raise EngineError(
+            f"{cfg.engine} is not installed for {host.engines.python}"
+            + (f" ({host.engines.error})" if host.engines.error else ""),
+            hint="pip install 'qtune[cpu]' on a CPU host or 'qtune[vllm]' on a GPU "
+            "host, or pass --engine-python PATH of the engine's environment",
+        )
+    if install.build == "cuda" and not host.gpus:
+        raise EngineError(
+            f"vLLM {install.version} is a CUDA build but no NVIDIA GPU is visible",
+            hint=host.gpu.note or "install the CPU build: pip install 'qtune[cpu]'",
+        )
+    ctx = SpaceContext(host, model, install, cfg.max_model_len)
+    params = engine.space(ctx)
+    fixed: dict[str, Any] = {}
+    if override is not None:
+        params, fixed = apply_overrides(params, override)
+    study_name = cfg.study or _default_study_name(model, cfg, host)
+    storage_url, study_dir = _storage(cfg, study_name)
+    return Prepared(cfg, host, engine, ctx, params, fixed, direction, study_name,
+                    storage_url, study_dir)
+
+
+def _default_study_name(model: ModelInfo, cfg: TuneConfig, host: HostFacts) -> str:
+    wl = cfg.workload
+    load = f"r{wl.rate:g}" if wl.rate is not None else f"c{wl.concurrency or 1}"
+    raw = (f"{model.served_name}-{cfg.engine}-{host.fingerprint()['id'][:6]}"
+           f"-i{wl.input_len}-o{wl.output_len}-{load}-{cfg.objective}")
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-")
+
+
+def _storage(cfg: TuneConfig, name: str) -> tuple[str, Path]:
+    if cfg.storage:
+        url = cfg.storage
+        if "://" not in url:
+            raise InputError(
+                f"--storage: {url!r} is not a URL",
+                hint="e.g. sqlite:///studies/x.db, postgresql://user@host/db, or "
+                "journal:///path/file.log",
+            )
+        return url, cfg.studies_dir / name
+    study_dir = cfg.studies_dir / name
+    return f"journal://{(cfg.studies_dir / (name + '.log')).resolve()}", study_dir
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    try:
+        if url.startswith("journal://"):
+            from optuna.storages.journal import JournalFileBackend
+
+            path = Path(url[len("journal://"):])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        if url.startswith("sqlite:///"):
+            Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.RDBStorage(url, heartbeat_interval=60, grace_period=180)
+    except Exception as exc:  # sqlalchemy/driver errors vary widely
+        raise StudyError(
+            f"cannot open storage {url}: {type(exc).__name__}: {exc}".splitlines()[0],
+            hint="check the URL; PostgreSQL needs 'pip install psycopg2-binary'",
+        ) from None
+
+
+def distributions(params: list[Param]) -> dict[str, BaseDistribution]:
+    out: dict[str, BaseDistribution] = {}
+    for p in params:
+        if p.kind == "int":
+            out[p.name] = IntDistribution(int(p.low), int(p.high), log=p.log)  # type: ignore[arg-type]
+        elif p.kind == "float":
+            out[p.name] = FloatDistribution(
+                float(p.low), float(p.high), log=p.log,  # type: ignore[arg-type]
+                step=None if p.log else p.step,
+            )
+        elif p.kind == "bool":
+            out[p.name] = CategoricalDistribution((False, True))
+        else:
+            out[p.name] = CategoricalDistribution(p.choices)
+    return out
+
+
+def tune(cfg: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
+    prep = prepare(cfg)
+    return run_study(prep, reporter or NullReporter())
+
+
+def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
+    cfg = prep.cfg
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = open_storage(prep.storage_url)
+    try:
+        study = optuna.create_study(
+            study_name=prep.study_name,
+            storage=storage,
+            direction=prep.direction,
+            sampler=optuna.samplers.TPESampler(
+                seed=cfg.seed, n_startup_trials=min(5, max(cfg.trials // 3, 1))
+            ),
+            load_if_exists=True,
+        )
+    except ValueError as exc:
+        raise StudyError(
+            f"study {prep.study_name}: {exc}",
+            hint="a resumed study must keep its objective direction",
+        ) from None
+    _check_resume(study, prep)
+    # Journal storage has no heartbeat: trials left RUNNING by a killed qtune
+    # would bias the constant-liar sampler forever.  Fail them on resume.
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study.tell(t.number, state=TrialState.FAIL)
+    study.set_user_attr("objective", cfg.objective)
+    study.set_user_attr("workload", cfg.workload.to_dict())
+    study.set_user_attr("model", prep.ctx.model.summary())
+    study.set_user_attr("optuna_version", optuna.__version__)
+    prep.study_dir.mkdir(parents=True, exist_ok=True)
+    dists = distributions(prep.params)
+    reporter.study_started({
+        "study": prep.study_name,
+        "storage": prep.storage_url,
+        "model": prep.ctx.model.summary(),
+        "engine": f"{prep.ctx.install.name} {prep.ctx.install.version} "
+        f"({prep.ctx.install.build})",
+        "space": {p.name: _describe(p) for p in prep.params},
+        "fixed": prep.fixed,
+        "trials": cfg.trials,
+        "workload": cfg.workload.to_dict(),
+        "objective": cfg.objective,
+        "slo": [str(s) for s in cfg.slo],
+    })
+
+    def launched_count() -> int:
+        return sum(
+            1 for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get("status") in ("ok", "startup_failed", "load_failed")
+        )
+
+    has_baseline = any(
+        t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE
+        for t in study.get_trials(deepcopy=False)
+    )
+    if not has_baseline and launched_count() < cfg.trials:
+        base_params, note = prep.engine.baseline(prep.ctx)
+        trial = study.ask()
+        trial.set_user_attr("baseline", True)
+        if note:
+            trial.set_user_attr("baseline_note", note)
+        _run_trial(prep, study, trial, {**base_params, **prep.fixed}, reporter)
+
+    asks = 0
+    while launched_count() < cfg.trials:
+        asks += 1
+        if asks > 50 * cfg.trials:
+            break  # the space is almost all invalid; stop rather than spin
+        trial = study.ask(dists)
+        params = {**trial.params, **prep.fixed}
+        violations = prep.engine.check(params, prep.ctx)
+        if violations:
+            rec = TrialRecord(trial.number, params, "invalid",
+                              reason="invalid_config", detail="; ".join(violations))
+            _set_attrs(trial, rec)
+            study.tell(trial, state=TrialState.PRUNED)
+            reporter.trial_done(rec, _best(study))
+            continue
+        _run_trial(prep, study, trial, params, reporter)
+
+    return _finish(prep, study)
+
+
+def _check_resume(study: optuna.Study, prep: Prepared) -> None:
+    wl = study.user_attrs.get("workload")
+    if wl is not None and wl != prep.cfg.workload.to_dict():
+        raise StudyError(
+            f"study {prep.study_name} was run with another workload",
+            hint="use a new --study NAME, or the same load flags as before",
+        )
+    obj = study.user_attrs.get("objective")
+    if obj is not None and obj != prep.cfg.objective:
+        raise StudyError(
+            f"study {prep.study_name} optimises {obj}, not {prep.cfg.objective}",
+            hint="use a new --study NAME",
+        )
+
+
+def _describe(p: Param) -> str:
+    if p.kind in ("int", "float"):
+        return f"{p.low:g}..{p.high:g}" + (" (log)" if p.log else "")
+    if p.kind == "bool":
+        return "on/off"
+    return "|".join(map(str, p.choices))
+
+
+def _set_attrs(trial: optuna.Trial, rec: TrialRecord) -> None:
+    trial.set_user_attr("launch_params", rec.params)
+    trial.set_user_attr("status", rec.status)
+    for key in ("reason", "detail", "summary", "startup_s", "measure_s",
+                "total_s", "argv", "env", "log"):
+        val = getattr(rec, key)
+        if val is not None and val != [] and val != {}:
+            trial.set_user_attr(key, val)
+
+
+def _run_trial(
+    prep: Prepared,
+    study: optuna.Study,
+    trial: optuna.Trial,
+    params: dict[str, Any],
+    reporter: Reporter,
+) -> None:
+    try:
+        _run_trial_inner(prep, study, trial, params, reporter)
+    except BaseException:
+        # Ctrl-C or SIGTERM mid-trial: the server is already stopped by its
+        # context manager; close the trial so a resume does not see it RUNNING.
+        try:
+            study.tell(trial, state=TrialState.FAIL)
+        except (ValueError, RuntimeError):
+            pass  # already told
+        raise
+
+
+def _run_trial_inner(
+    prep: Prepared,
+    study: optuna.Study,
+    trial: optuna.Trial,
+    params: dict[str, Any],
+    reporter: Reporter,
+) -> None:
+    cfg = prep.cfg
+    n = trial.number
+    baseline = bool(trial.user_attrs.get("baseline"))
+    t0 = time.monotonic()
+    log_path = prep.study_dir / f"trial-{n:03d}.log"
+    rec = TrialRecord(n, params, "ok", baseline=baseline, log=str(log_path))
+    for attempt in range(3):
+        port = free_port()
+        spec = prep.engine.launch_spec(params, prep.ctx, host="127.0.0.1", port=port)
+        rec.argv, rec.env = list(spec.argv), dict(spec.env)
+        reporter.trial_phase(n, "starting", _short(params) or "engine defaults")
+        server = Server(spec, log_path)
+        try:
+            with server:
+                rec.startup_s = server.wait_ready(
+                    cfg.startup_timeout,
+                    on_tick=lambda s: reporter.trial_phase(n, "starting", f"{s:.0f} s"),
+                    classify=prep.engine.classify,
+                )
+                reporter.trial_phase(n, "measuring", cfg.workload.mode)
+                m0 = time.monotonic()
+
+                def progress(phase: str, done: int, total: int | None) -> None:
+                    reporter.trial_phase(
+                        n, phase, f"{done}/{total}" if total else f"{done}"
+                    )
+
+                result = asyncio.run(
+                    run_load(spec.base_url, spec.served_model, cfg.workload,
+                             tokenizer=prep.ctx.model.tokenizer_dir,
+                             progress=progress)
+                )
+                rec.measure_s = time.monotonic() - m0
+                # A server that died under load is a failed config, not a
+                # slow one: check before trusting the numbers.
+                if server.proc is None or server.proc.poll() is not None:
+                    f = prep.engine.classify(server.log_text())
+                    raise ServerError("server died under load", reason=f.reason,
+                                      detail=f.detail)
+            break
+        except ServerError as exc:
+            if exc.reason in _RETRYABLE and attempt < 2:
+                continue
+            rec.status = "startup_failed" if rec.measure_s is None else "load_failed"
+            rec.reason, rec.detail = exc.reason, exc.detail or exc.message
+            rec.total_s = time.monotonic() - t0
+            _set_attrs(trial, rec)
+            study.tell(trial, state=TrialState.PRUNED)
+            reporter.trial_done(rec, _best(study))
+            return
+    summary = summarize(result.samples, result.duration)
+    summary["warmup_requests"] = len(result.warmup)
+    rec.summary = summary
+    rec.total_s = time.monotonic() - t0
+    value = metric_value(summary, cfg.objective)
+    failed = summary["failed"]
+    trial.set_constraint("failed_requests", float(failed))
+    for slo in cfg.slo:
+        trial.set_constraint(str(slo), slo.violation(metric_value(summary, slo.metric)))
+    _set_attrs(trial, rec)
+    if value is None or math.isnan(value):
+        # Nothing succeeded: no latency to rank.  Worst possible value keeps
+        # the trial informative without a NaN (which Optuna marks FAIL).
+        value = 0.0 if prep.direction == "maximize" else 1e12
+    rec.value = value
+    study.tell(trial, value)
+    rec.feasible = _feasible(study.get_trials(deepcopy=False)[n])
+    reporter.trial_done(rec, _best(study))
+
+
+def _short(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _best(study: optuna.Study) -> TrialRecord | None:
+    recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
+    feas = [r for r in recs if r.feasible and r.value is not None]
+    if not feas:
+        return None
+    sign = -1 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1
+    return min(feas, key=lambda r: sign * r.value)  # type: ignore[operator]
+
+
+def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
+    cfg = prep.cfg
+    trials = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
+    _export_trials(study, prep.study_dir / "trials.csv")
+    best = _best(study)
+    baseline = next((r for r in trials if r.baseline and r.status == "ok"), None)
+    baseline = baseline or next((r for r in trials if r.baseline), None)
+    improvement = None
+    if best and baseline and baseline.value and best.value is not None:
+        if OBJECTIVES[cfg.objective] == "minimize":
+            improvement = baseline.value / best.value if best.value else None
+        else:
+            improvement = best.value / baseline.value
+    profile = path = None
+    if best is not None:
+        profile = build_profile(prep, study, best, baseline, len(trials))
+        path = cfg.out or (cfg.profiles_dir / f"{prep.study_name}.yaml")
+        profile.save(path)
+    return TuneResult(prep.study_name, prep.storage_url, best, baseline, trials,
+                      path, profile, improvement)
+
+
+def _export_trials(study: optuna.Study, path: Path) -> None:
+    import pandas as pd
+
+    from qtune.profile import write_atomic
+
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        r = TrialRecord.from_frozen(t)
+        row: dict[str, Any] = {"trial": r.number, "baseline": r.baseline,
+                               "status": r.status, "reason": r.reason,
+                               "value": r.value, "feasible": r.feasible,
+                               "startup_s": r.startup_s, "measure_s": r.measure_s}
+        row.update({f"param.{k}": v for k, v in r.params.items()})
+        for m in ("ttft", "tpot", "e2e"):
+            for p in ("p50", "p99"):
+                stats = (r.summary or {}).get(f"{m}_ms") or {}
+                row[f"{m}_{p}_ms"] = stats.get(p)
+        row["req_per_s"] = (r.summary or {}).get("request_throughput")
+        row["failed"] = (r.summary or {}).get("failed")
+        rows.append(row)
+    write_atomic(path, pd.DataFrame(rows).to_csv(index=False))
+
+
+def _metrics_view(rec: TrialRecord | None) -> dict[str, Any] | None:
+    if rec is None or rec.summary is None:
+        return None
+    s = rec.summary
+    view: dict[str, Any] = {"trial": rec.number}
+    for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        if s.get(m):
+            view[m] = {k: round(v, 3) for k, v in s[m].items()}
+    for k in ("request_throughput", "output_token_throughput"):
+        view[k] = round(s[k], 4)
+    view.update({k: s[k] for k in ("completed", "failed", "truncated")})
+    return view
+
+
+def build_profile(
+    prep: Prepared,
+    study: optuna.Study,
+    best: TrialRecord,
+    baseline: TrialRecord | None,
+    n_trials: int,
+) -> Profile:
+    cfg = prep.cfg
+    # The trial ran on a random port; the deployed server gets a fixed one.
+    spec = prep.engine.launch_spec(best.params, prep.ctx, host="127.0.0.1", port=8000)
+    notes = []
+    if prep.ctx.model.load_format == "dummy":
+        notes.append("tuned with random weights (--load-format dummy): swap in the "
+                     "real checkpoint folder before serving real traffic")
+    if baseline and baseline.status != "ok":
+        notes.append(f"baseline (engine defaults) failed to start: {baseline.reason}: "
+                     f"{baseline.detail}")
+    base_note = study.trials[baseline.number].user_attrs.get("baseline_note") \
+        if baseline else None
+    if base_note:
+        notes.append(base_note)
+    improvement = None
+    if baseline and baseline.value and best.value:
+        improvement = (baseline.value / best.value
+                       if prep.direction == "minimize" else best.value / baseline.value)
+    return Profile(
+        name=prep.study_name,
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        qtune_version=__version__,
+        engine=EngineInfo(name=prep.ctx.install.name, version=prep.ctx.install.version,
+                          build=prep.ctx.install.build),
+        model=prep.ctx.model.summary(),
+        params=dict(best.params),
+        env=dict(spec.env),
+        argv=list(spec.argv),
+        metrics={
+            "objective": {"name": cfg.objective, "direction": prep.direction,
+                          "best": best.value,
+                          "baseline": baseline.value if baseline else None,
+                          "improvement": improvement},
+            "best": _metrics_view(best),
+            "baseline": _metrics_view(baseline),
+            "startup_s": best.startup_s,
+        },
+        workload=cfg.workload.to_dict(),
+        slo=[str(s) for s in cfg.slo],
+        host=prep.host.fingerprint(),
+        study=StudyRef(storage=prep.storage_url, name=prep.study_name,
+                       trial=best.number, trials_run=n_trials,
+                       baseline_trial=baseline.number if baseline else None),
+        notes=notes,
+    )

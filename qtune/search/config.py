@@ -1,0 +1,208 @@
+"""The one config object a search runs from, and the parsers of its texts
+(``--slo``, ``--objective``, ``--space FILE``)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from qtune.engines.base import Param
+from qtune.errors import InputError
+from qtune.load.workload import Workload
+
+OBJECTIVES = {
+    "e2e_p99": "minimize",
+    "ttft_p99": "minimize",
+    "tpot_p99": "minimize",
+    "itl_p99": "minimize",
+    "e2e_p50": "minimize",
+    "ttft_p50": "minimize",
+    "tpot_p50": "minimize",
+    "throughput": "maximize",
+    "output_throughput": "maximize",
+}
+_SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
+
+
+@dataclass(frozen=True)
+class SLO:
+    metric: str  # e.g. "ttft_p99" or "throughput"
+    op: str  # "<=" or ">="
+    limit: float  # ms for latencies, req/s for throughput
+
+    def violation(self, value: float | None) -> float:
+        """≤ 0 when met (Optuna's constraint convention); missing → violated."""
+        if value is None:
+            return 1.0
+        return value - self.limit if self.op == "<=" else self.limit - value
+
+    def __str__(self) -> str:
+        unit = "ms" if self.metric != "throughput" else "req/s"
+        return f"{self.metric}{self.op}{self.limit:g}{unit}"
+
+
+def parse_slo(text: str | None) -> list[SLO]:
+    """``ttft_p99<=500ms,tpot_p99<=50ms,e2e_p99<=3s,throughput>=2``."""
+    if not text:
+        return []
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        m = re.fullmatch(
+            r"(?P<metric>[a-z_0-9]+)\s*(?P<op><=|>=|<|>)\s*"
+            r"(?P<num>[0-9]*\.?[0-9]+)\s*(?P<unit>ms|s|req/s|rps)?",
+            part,
+        )
+        if not m:
+            raise InputError(
+                f"--slo: cannot read {part!r}",
+                hint="write e.g. --slo 'ttft_p99<=500ms,tpot_p99<=50ms,e2e_p99<=3s'",
+            )
+        metric = m["metric"]
+        op = "<=" if "<" in m["op"] else ">="
+        value = float(m["num"])
+        if metric == "throughput":
+            if op != ">=":
+                raise InputError("--slo: throughput takes >=", hint="throughput>=5")
+        else:
+            base, _, pct = metric.rpartition("_")
+            if base not in _SLO_METRICS or pct not in ("p50", "p90", "p99", "mean"):
+                raise InputError(
+                    f"--slo: unknown metric {metric!r}",
+                    hint="use ttft|tpot|itl|e2e with _p50/_p90/_p99/_mean, or "
+                    "throughput",
+                )
+            if op != "<=":
+                raise InputError(f"--slo: {metric} takes <=", hint=f"{metric}<=500ms")
+            if m["unit"] == "s":
+                value *= 1000.0
+            elif m["unit"] not in (None, "ms"):
+                raise InputError(f"--slo: {metric} is a time", hint="use ms or s")
+        out.append(SLO(metric, op, value))
+    return out
+
+
+def check_objective(name: str) -> str:
+    if name not in OBJECTIVES:
+        close = difflib.get_close_matches(name, OBJECTIVES, n=3)
+        raise InputError(
+            f"--objective: unknown objective {name!r}",
+            hint="choose one of " + ", ".join(close or OBJECTIVES),
+        )
+    return OBJECTIVES[name]
+
+
+@dataclass
+class SpaceOverride:
+    """``--space FILE``: per-parameter narrowing, fixing or re-ranging."""
+
+    entries: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+
+def load_space_file(path: Path) -> SpaceOverride:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise InputError(f"--space: cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise InputError(
+            f"--space: {path}{where} is not valid YAML",
+            hint="each key is a parameter: a value fixes it, a list gives "
+            "choices, {low, high, log} a range",
+        ) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InputError(
+            f"--space: {path} must be a mapping of parameter names",
+            hint="e.g. 'max_num_seqs: {low: 8, high: 128}'",
+        )
+    return SpaceOverride(data, str(path))
+
+
+def apply_overrides(params: list[Param], ov: SpaceOverride) -> tuple[list[Param], dict[str, Any]]:
+    """Return (tunable params, fixed values).  Unknown names fail with the
+    nearest valid names."""
+    by_name = {p.name: p for p in params}
+    fixed: dict[str, Any] = {}
+    out = dict(by_name)
+    for name, spec in ov.entries.items():
+        if name not in by_name:
+            close = difflib.get_close_matches(str(name), by_name, n=3, cutoff=0.5)
+            raise InputError(
+                f"--space {ov.source}: unknown parameter {name!r}",
+                hint=("did you mean " + ", ".join(close) + "? " if close else "")
+                + "tunable here: " + ", ".join(sorted(by_name)),
+            )
+        p = by_name[name]
+        where = f"--space {ov.source}: {name}"
+        if isinstance(spec, list):
+            if not spec:
+                raise InputError(f"{where}: empty list of choices")
+            for v in spec:
+                _check_value(p, v, where)
+            out[name] = Param(name, "choice", choices=tuple(spec), target=p.target,
+                              help=p.help)
+        elif isinstance(spec, dict):
+            extra = set(spec) - {"low", "high", "log", "step"}
+            if extra or p.kind not in ("int", "float"):
+                raise InputError(
+                    f"{where}: a range takes low/high/log/step on a numeric parameter",
+                    hint=f"{name} is {p.kind}" + (f"; unknown keys {sorted(extra)}" if extra else ""),
+                )
+            low = spec.get("low", p.low)
+            high = spec.get("high", p.high)
+            for v in (low, high):
+                _check_value(p, v, where)
+            if low > high:
+                raise InputError(f"{where}: low {low} > high {high}")
+            out[name] = Param(
+                name, p.kind, low=low, high=high, log=bool(spec.get("log", p.log)),
+                step=spec.get("step", p.step), target=p.target, help=p.help,
+            )
+        else:
+            _check_value(p, spec, where)
+            fixed[name] = spec
+            del out[name]
+    return list(out.values()), fixed
+
+
+def _check_value(p: Param, v: Any, where: str) -> None:
+    ok = {
+        "int": isinstance(v, int) and not isinstance(v, bool),
+        "float": isinstance(v, (int, float)) and not isinstance(v, bool),
+        "bool": isinstance(v, bool),
+        "choice": v in p.choices,
+    }[p.kind]
+    if not ok:
+        want = {"int": "an integer", "float": "a number", "bool": "true or false",
+                "choice": "one of " + ", ".join(map(str, p.choices))}[p.kind]
+        raise InputError(f"{where}: {v!r} is not valid", hint=f"{p.name} takes {want}")
+
+
+@dataclass
+class TuneConfig:
+    model: str | None = None
+    engine: str = "vllm"
+    engine_python: str | None = None
+    trials: int = 10
+    workload: Workload = field(default_factory=Workload)
+    objective: str = "e2e_p99"
+    slo: list[SLO] = field(default_factory=list)
+    space_file: Path | None = None
+    study: str | None = None
+    storage: str | None = None
+    studies_dir: Path = Path("studies")
+    out: Path | None = None
+    profiles_dir: Path = Path("profiles")
+    max_model_len: int | None = None
+    startup_timeout: float = 600.0
+    seed: int = 0
