@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qtune.host.gpu import GPU, GPUReport, read_gpus
+from qtune.host.gpu import GPU, GPUReport, read_gpus, record_nvml
 from qtune.host.installed import InstalledEngines, find_engines
 from qtune.host.sysfs import (
     PROBED_GLOBS,
@@ -317,7 +317,8 @@ def capture(dest: Path, *, root: Path = Path("/"), nvml: Any = None) -> int:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, out)
                 n += 1
+    (dest / "nvml.json").write_text(json.dumps(record_nvml(nvml), indent=1) + "\n")
     (dest / "gpus.json").write_text(
         json.dumps(dataclasses.asdict(report), indent=1) + "\n"
     )
-    return n
+    return n + 2

@@ -141,3 +141,67 @@ def _one_gpu(nvml: Any, index: int, h: Any, handles: list[Any], root: Path) -> G
         mig_enabled=bool(mig[0]) if isinstance(mig, (list, tuple)) and mig else False,
         persistence_mode=None if persist is None else bool(persist),
     )
+
+
+def record_nvml(nvml: Any = None) -> dict[str, Any]:
+    """Raw NVML answers, as JSON-able data, for fixtures and bug reports.
+    ``tests/host/nvml_replay.py`` answers the same calls from this record."""
+    if nvml is None:
+        try:
+            import pynvml as nvml  # type: ignore[no-redef]
+        except ImportError:
+            return {"error": "nvidia-ml-py is not installed"}
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:
+        return {"error": str(exc)}
+
+    def val(fn: Any, *args: Any) -> Any:
+        try:
+            v = fn(*args)
+        except Exception as exc:
+            return {"nvml_error": type(exc).__name__}
+        if isinstance(v, bytes):
+            return v.decode()
+        if hasattr(v, "_fields_"):
+            return {f[0]: val(lambda: getattr(v, f[0])) for f in v._fields_}
+        if isinstance(v, (list, tuple)):
+            return list(v)
+        return v
+
+    try:
+        count = nvml.nvmlDeviceGetCount()
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        max_links = getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)
+        nvlink_idx = getattr(nvml, "NVML_P2P_CAPS_INDEX_NVLINK", 3)
+        devices = []
+        for h in handles:
+            devices.append({
+                "name": val(nvml.nvmlDeviceGetName, h),
+                "uuid": val(nvml.nvmlDeviceGetUUID, h),
+                "memory": val(nvml.nvmlDeviceGetMemoryInfo, h),
+                "cuda_compute_capability": val(nvml.nvmlDeviceGetCudaComputeCapability, h),
+                "pci": val(nvml.nvmlDeviceGetPciInfo, h),
+                "numa_node_id": val(getattr(nvml, "nvmlDeviceGetNumaNodeId", None) or
+                                    (lambda h: None), h),
+                "pcie_gen": val(nvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                "pcie_width": val(nvml.nvmlDeviceGetCurrPcieLinkWidth, h),
+                "pcie_gen_max": val(nvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                "pcie_width_max": val(nvml.nvmlDeviceGetMaxPcieLinkWidth, h),
+                "nvlink_state": [val(nvml.nvmlDeviceGetNvLinkState, h, i)
+                                 for i in range(max_links)],
+                "p2p_nvlink": [val(nvml.nvmlDeviceGetP2PStatus, h, o, nvlink_idx)
+                               if o is not h else None for o in handles],
+                "mig_mode": val(nvml.nvmlDeviceGetMigMode, h),
+                "persistence_mode": val(nvml.nvmlDeviceGetPersistenceMode, h),
+            })
+        return {
+            "driver_version": val(nvml.nvmlSystemGetDriverVersion),
+            "cuda_driver_version": val(nvml.nvmlSystemGetCudaDriverVersion_v2),
+            "devices": devices,
+        }
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
