@@ -227,9 +227,8 @@ def main() -> None:
         console.err.print("interrupted: servers stopped, study saved")
         sys.exit(130)
     except Exception as exc:  # click usage errors and the unexpected
-        import click
-
-        if isinstance(exc, click.ClickException):
+        # Usage errors (typer vendors its own click: match by shape).
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()
             sys.exit(exc.exit_code)
         if _state["debug"]:

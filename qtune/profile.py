@@ -23,7 +23,8 @@ SCHEMA_VERSION = 1
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Inputs stay out of error texts: they may hold a token.
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
 
 class EngineInfo(_Strict):

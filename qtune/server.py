@@ -228,21 +228,20 @@ class Server:
             tree = []
         pgid = proc.pid  # session leader: pgid == pid
         _killpg(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for p in [proc, *tree]:
-            left = max(0.0, deadline - time.monotonic())
-            try:
-                p.wait(timeout=left)
-            except (subprocess.TimeoutExpired, psutil.TimeoutExpired):
-                break
-            except psutil.Error:
-                pass
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        # The leader is gone (or stuck); whatever of the tree still runs
+        # gets a short grace, then SIGKILL.
+        _, alive = psutil.wait_procs(tree, timeout=2.0)
         _killpg(pgid, signal.SIGKILL)
-        for p in tree:
+        for p in alive:
             try:
                 p.kill()
             except psutil.Error:
                 pass
+        psutil.wait_procs(alive, timeout=5.0)
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -266,6 +266,19 @@ def findings(facts: HostFacts) -> list[Finding]:
                 "--engine-python /path/to/engine/venv/bin/python",
             )
         )
+    node_mem = sum(n.memory_total or 0 for n in facts.numa)
+    if node_mem and facts.memory.total and node_mem < 0.9 * facts.memory.total:
+        out.append(
+            Finding(
+                "numa-memory-view",
+                "info",
+                f"NUMA nodes report {node_mem / 2**30:.1f} GiB but the host has "
+                f"{facts.memory.total / 2**30:.1f} GiB (memory outside the node "
+                "view, common in VMs)",
+                "vLLM's CPU backend sizes its default KV budget from the node: "
+                "set VLLM_CPU_KVCACHE_SPACE explicitly (qtune tunes it)",
+            )
+        )
     avail = facts.memory.available / max(facts.memory.total, 1)
     if facts.memory.total and avail < 0.2:
         out.append(

@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import dataclasses
+
+from qtune.engines import ENGINES, get_engine
+from qtune.engines.vllm import VLLM, to_flag
+from tests.conftest import FIX
+
+import pytest
+from qtune.errors import InputError
+
+
+def test_get_engine_lists_choices():
+    with pytest.raises(InputError) as e:
+        get_engine("vlm")
+    assert "vllm" in e.value.hint
+
+
+def test_cpu_space_has_kv_space_within_memory(cpu_ctx):
+    space = {p.name: p for p in VLLM().space(cpu_ctx)}
+    assert {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+            "enable_prefix_caching", "VLLM_CPU_KVCACHE_SPACE"} <= set(space)
+    kv = space["VLLM_CPU_KVCACHE_SPACE"]
+    assert kv.target == "env"
+    assert kv.high * 2**30 <= cpu_ctx.host.memory.available
+    assert "gpu_memory_utilization" not in space
+
+
+def test_gpu_space_tp_divides_heads(cpu_ctx):
+    from qtune.host.gpu import GPU, GPUReport
+
+    gpus = [GPU(i, "NVIDIA H200", f"GPU-{i}", 150 * 2**30, 150 * 2**30, "9.0",
+                f"0000:0{i}:00.0", 0, [], 5, 16, 5, 16) for i in range(3)]
+    host = dataclasses.replace(cpu_ctx.host, gpu=GPUReport(gpus, "580", "13.0", None))
+    ctx = dataclasses.replace(
+        cpu_ctx, host=host,
+        install=dataclasses.replace(cpu_ctx.install, build="cuda"))
+    space = {p.name: p for p in VLLM().space(ctx)}
+    # 32 heads, 8 KV heads, 3 GPUs: tp 3 does not divide 32.
+    assert space["tensor_parallel_size"].choices == (1, 2)
+    assert space["kv_cache_dtype"].choices == ("auto", "fp8")
+    assert "VLLM_CPU_KVCACHE_SPACE" not in space
+    assert VLLM().check({"tensor_parallel_size": 3}, ctx)
+
+
+def test_check_hard_constraints(cpu_ctx):
+    v = VLLM()
+    assert v.check({"max_num_seqs": 64, "max_num_batched_tokens": 32}, cpu_ctx)
+    # chunked prefill off: one step must hold max_model_len (40960 here)
+    assert v.check({"enable_chunked_prefill": False,
+                    "max_num_batched_tokens": 8192}, cpu_ctx)
+    assert not v.check({"enable_chunked_prefill": True, "max_num_seqs": 64,
+                        "max_num_batched_tokens": 8192}, cpu_ctx)
+
+
+def test_launch_spec(cpu_ctx):
+    spec = VLLM().launch_spec(
+        {"max_num_seqs": 8, "enable_prefix_caching": False,
+         "VLLM_CPU_KVCACHE_SPACE": 3}, cpu_ctx, host="127.0.0.1", port=23456)
+    argv = list(spec.argv)
+    assert argv[:3] == ["/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--port") + 1] == "23456"
+    assert argv[argv.index("--max-num-seqs") + 1] == "8"
+    assert "--no-enable-prefix-caching" in argv
+    # config.json only: random weights and a generated tokenizer
+    assert argv[argv.index("--load-format") + 1] == "dummy"
+    assert "--tokenizer" in argv
+    assert "--enforce-eager" in argv
+    assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in " ".join(argv)
+    assert spec.served_model == cpu_ctx.model.served_name
+
+
+def test_to_flag():
+    assert to_flag("enable_chunked_prefill", True) == ["--enable-chunked-prefill"]
+    assert to_flag("enable_chunked_prefill", False) == ["--no-enable-chunked-prefill"]
+    assert to_flag("max_num_seqs", 16) == ["--max-num-seqs", "16"]
+
+
+def test_baseline_adjusts_kv_only_when_defaults_cannot_fit(cpu_ctx):
+    params, note = VLLM().baseline(cpu_ctx)
+    # The captured VM: node 0 has ~9.7 GiB of which 0.92 cannot be free.
+    assert set(params) == {"VLLM_CPU_KVCACHE_SPACE"} and "0.92" in note
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ((FIX / "vllm-logs" / "cpu-memory-utilization.log").read_text(), "oom"),
+        ("pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+         "SchedulerConfig\n  Value error, max_num_batched_tokens (64) must be greater "
+         "than or equal to max_num_seqs (128).", "invalid_config"),
+        ("ValueError: Total number of attention heads (8) must be divisible by tensor "
+         "parallel size (3).", "invalid_config"),
+        ("ValueError: No available memory for the cache blocks.", "oom"),
+        ("OSError: [Errno 98] Address already in use", "port_in_use"),
+        ("api_server.py: error: unrecognized arguments: --bogus", "invalid_config"),
+        ("RuntimeError: Cannot find any model weights with `/m`", "environment"),
+        ("segfault somewhere\nKilled", "crash"),
+    ],
+)
+def test_classify(text, reason):
+    f = VLLM().classify(text)
+    assert f.reason == reason
+    assert f.detail
+
+
+def test_every_engine_builds_a_spec_for_each_space_param(cpu_ctx):
+    for engine in ENGINES.values():
+        params = {}
+        for p in engine.space(cpu_ctx):
+            params[p.name] = {"int": int(p.low or 1), "float": p.low, "bool": True,
+                              "choice": p.choices[0] if p.choices else None}[p.kind]
+        spec = engine.launch_spec(params, cpu_ctx, host="127.0.0.1", port=1234)
+        joined = " ".join(spec.argv) + " " + " ".join(spec.env)
+        for name in params:
+            assert name in spec.env or "--" + name.replace("_", "-") in joined

@@ -1,0 +1,453 @@
+"""SSE edge cases for ``qtune.load.client.send`` against in-process servers.
+
+Timing is measured on the same event loop as the server, so controlled
+server-side sleeps give lower bounds that are exact and upper bounds that
+only need slack for scheduling noise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+from tests.load._sse_server import DONE, event, free_port, now, open_stream, serve, text, usage
+from aiohttp import web
+
+from qtune.load.client import RequestSample, build_body, send
+
+GAP = 0.030  # server-side pause between text chunks
+SLACK = 0.060  # scheduling noise allowed above a controlled delay
+
+
+async def _send(
+    base: str,
+    *,
+    endpoint: str = "completions",
+    max_tokens: int = 8,
+    timeout: float = 5.0,
+) -> tuple[RequestSample, float]:
+    """One ``send``; also returns its wall time."""
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    body = build_body(endpoint, "m", "hello there", max_tokens)
+    async with aiohttp.ClientSession() as session:
+        t0 = now()
+        s = await send(session, base + path, body, prompt_tokens=3, timeout=timeout)
+        return s, now() - t0
+
+
+def run_with(handler: Any, **kw: Any) -> tuple[RequestSample, float]:
+    async def main() -> tuple[RequestSample, float]:
+        async with serve(handler) as base:
+            return await _send(base, **kw)
+
+    return asyncio.run(main())
+
+
+def assert_e2e_is_ttft_plus_itl(s: RequestSample) -> None:
+    assert s.ttft is not None and s.e2e is not None
+    assert s.e2e == pytest.approx(s.ttft + sum(s.itl), abs=1e-9)
+
+
+# --- framing ---------------------------------------------------------------
+
+
+def test_events_split_across_writes_mid_line_and_mid_json():
+    pieces = [
+        b"da",
+        b'ta: {"choices": [{"index": 0, "te',
+        b'xt": "Hel',
+        b'lo", "finish_reason": null}]}\n',
+        b"\n",
+        b'data: {"choices": [{"index": 0, "text": " wor',
+        b'ld"}]}\r\n\r',  # CRLF line endings, split between CR and LF
+        b"\n",
+        b"data: [DO",
+        b"NE]\n\n",
+    ]
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        for p in pieces:
+            await resp.write(p)
+            await asyncio.sleep(0.005)  # separate TCP segments
+        return resp
+
+    s, _ = run_with(handler)
+    assert s.ok, s.error
+    assert s.output_tokens == 2  # no usage: one per text chunk
+    assert len(s.itl) == 1
+    assert_e2e_is_ttft_plus_itl(s)
+
+
+def test_several_events_in_one_write():
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await asyncio.sleep(0.02)
+        await resp.write(b"".join(text(c) for c in "abcde") + usage(5) + DONE)
+        return resp
+
+    s, _ = run_with(handler)
+    assert s.ok, s.error
+    assert s.output_tokens == 5
+    assert len(s.itl) == 4
+    assert all(x < 0.005 for x in s.itl)  # same read: no real gap
+    assert s.ttft is not None and s.ttft >= 0.02
+
+
+# --- what counts as a token ------------------------------------------------
+
+
+def test_empty_text_deltas_are_not_tokens():
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(text(""))  # immediately: must not set TTFT
+        await resp.write(event({"choices": [{"index": 0, "text": None}]}))
+        await asyncio.sleep(0.05)
+        await resp.write(text("a"))
+        await asyncio.sleep(GAP)
+        await resp.write(text(""))  # must not split the gap in two
+        await asyncio.sleep(GAP)
+        await resp.write(text("b"))
+        await resp.write(DONE)
+        return resp
+
+    s, _ = run_with(handler)
+    assert s.ok, s.error
+    assert s.ttft is not None and s.ttft >= 0.05
+    assert s.output_tokens == 2
+    assert len(s.itl) == 1
+    assert 2 * GAP - 0.002 <= s.itl[0] <= 2 * GAP + SLACK
+    assert_e2e_is_ttft_plus_itl(s)
+
+
+def test_timing_and_usage_only_final_chunk():
+    """TTFT/ITL/E2E from controlled delays; tokens from usage; E2E ends at the
+    last text chunk, not at the late usage-only chunk."""
+    first_delay, n_text, tail = 0.05, 5, 0.10
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await asyncio.sleep(first_delay)
+        for i in range(n_text):
+            if i:
+                await asyncio.sleep(GAP)
+            await resp.write(text(f"w{i} "))
+        await asyncio.sleep(tail)
+        await resp.write(usage(completion=7, prompt=11))  # choices == []
+        await resp.write(DONE)
+        return resp
+
+    s, wall = run_with(handler)
+    assert s.ok, s.error
+    assert s.output_tokens == 7  # from usage, not the 5 text chunks
+    assert s.prompt_tokens == 11  # the server's count wins
+    assert s.ttft is not None and s.e2e is not None
+    assert first_delay - 0.002 <= s.ttft <= first_delay + SLACK
+    assert len(s.itl) == n_text - 1
+    for x in s.itl:
+        assert GAP - 0.002 <= x <= GAP + SLACK
+    assert_e2e_is_ttft_plus_itl(s)
+    # The usage chunk came `tail` seconds after the last text: E2E excludes it.
+    assert wall >= s.e2e + tail - 0.002
+    assert s.tpot == pytest.approx((s.e2e - s.ttft) / (7 - 1))
+    assert not s.truncated  # 7 tokens < max_tokens 8 would be truncated...
+
+    # ...so check truncation explicitly against max_tokens.
+    assert s.expected_output_tokens == 8
+
+
+def test_usage_in_every_chunk_takes_the_last_report():
+    """vLLM's continuous usage stats: each chunk carries a running count."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        for i in range(3):
+            await resp.write(
+                event(
+                    {
+                        "choices": [{"index": 0, "text": "x"}],
+                        "usage": {"prompt_tokens": 4, "completion_tokens": i + 1},
+                    }
+                )
+            )
+        await resp.write(DONE)
+        return resp
+
+    s, _ = run_with(handler, max_tokens=3)
+    assert s.ok and s.output_tokens == 3 and not s.truncated
+
+
+def test_fallback_token_count_is_text_chunks_and_marks_truncation():
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        for c in "abc":
+            await resp.write(text(c))
+        await resp.write(DONE)
+        return resp
+
+    s, _ = run_with(handler, max_tokens=8)
+    assert s.ok
+    assert s.output_tokens == 3
+    assert s.prompt_tokens == 3  # no usage: the caller's count
+    assert s.truncated  # 3 < 8 requested
+
+
+def test_chat_delta_content_shape():
+    seen: dict[str, Any] = {}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen["path"] = request.path
+        seen["body"] = await request.json()
+        resp = await open_stream(request)
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            return event(
+                {
+                    "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }
+            )
+
+        await resp.write(chunk({"role": "assistant", "content": ""}))  # not a token
+        await asyncio.sleep(0.04)
+        await resp.write(chunk({"content": "Hi"}))
+        await asyncio.sleep(GAP)
+        await resp.write(chunk({"reasoning_content": "hmm"}))
+        await asyncio.sleep(GAP)
+        await resp.write(chunk({"content": " there"}))
+        await resp.write(chunk({}, finish="length"))  # no text
+        await resp.write(usage(completion=4, prompt=9))
+        await resp.write(DONE)
+        return resp
+
+    s, _ = run_with(handler, endpoint="chat", max_tokens=4)
+    assert seen["path"] == "/v1/chat/completions"
+    assert seen["body"]["messages"] == [{"role": "user", "content": "hello there"}]
+    assert "prompt" not in seen["body"]
+    assert seen["body"]["stream"] is True
+    assert seen["body"]["stream_options"] == {"include_usage": True}
+    assert s.ok, s.error
+    assert s.ttft is not None and s.ttft >= 0.04
+    assert len(s.itl) == 2
+    assert s.output_tokens == 4 and s.prompt_tokens == 9
+    assert not s.truncated
+    assert_e2e_is_ttft_plus_itl(s)
+
+
+def test_completions_body_shape():
+    body = build_body("completions", "served", "p", 16)
+    assert body["prompt"] == "p" and "messages" not in body
+    assert body["model"] == "served" and body["max_tokens"] == 16
+    assert body["stream"] is True and body["ignore_eos"] is True
+
+
+# --- stream hygiene --------------------------------------------------------
+
+
+def test_comments_and_other_sse_fields_are_ignored():
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(b": keep-alive\n\n")
+        await resp.write(b"retry: 1000\n\n")
+        await asyncio.sleep(0.04)
+        await resp.write(b": ping\n\nevent: message\nid: 1\n")
+        await resp.write(b'data:{"choices":[{"index":0,"text":"a"}]}\n\n')  # no space
+        await asyncio.sleep(0.01)
+        await resp.write(b": still alive\n\n\n\n")
+        await resp.write(text("b"))
+        await resp.write(DONE)
+        return resp
+
+    s, _ = run_with(handler)
+    assert s.ok, s.error
+    assert s.ttft is not None and s.ttft >= 0.04  # comments are not first token
+    assert s.output_tokens == 2 and len(s.itl) == 1
+
+
+@pytest.mark.parametrize("after_done", [b"", b": ping\n\n"])
+def test_done_then_connection_left_open_returns_promptly(after_done: bytes):
+    """After [DONE] the server neither closes nor finishes the chunked body
+    (silently, or still sending keep-alives): ``send`` must not wait."""
+    release = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(text("a") + text("b") + usage(2) + DONE)
+        try:
+            while not release.is_set():
+                if after_done:
+                    await resp.write(after_done)
+                await asyncio.sleep(0.01)
+        except (ConnectionError, aiohttp.ClientConnectionResetError):
+            pass  # the client hung up: expected
+        return resp
+
+    async def main() -> tuple[RequestSample, float]:
+        async with serve(handler) as base:
+            try:
+                return await _send(base, timeout=5.0)
+            finally:
+                release.set()
+
+    s, wall = asyncio.run(main())
+    assert s.ok, s.error
+    assert s.output_tokens == 2
+    assert wall < 0.5  # not the 5 s request timeout
+
+
+# --- failures become samples ----------------------------------------------
+
+
+def test_error_object_mid_stream():
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(text("a") + text("b"))
+        await resp.write(
+            event(
+                {
+                    "error": {
+                        "object": "error",
+                        "message": "KV cache exhausted",
+                        "type": "InternalServerError",
+                        "code": 500,
+                    }
+                }
+            )
+        )
+        await resp.write(DONE)
+        return resp
+
+    s, _ = run_with(handler)
+    assert not s.ok
+    assert "KV cache exhausted" in (s.error or "")
+    assert s.e2e is None and s.tpot is None
+    assert not s.truncated  # failed, not truncated
+
+
+def test_error_string_mid_stream():
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(event({"error": "overloaded"}) + DONE)
+        return resp
+
+    s, _ = run_with(handler)
+    assert not s.ok and "overloaded" in (s.error or "")
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_http_error_status(status: int):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.json_response(
+            {"error": {"message": "slow down", "code": status}}, status=status
+        )
+
+    s, wall = run_with(handler)
+    assert not s.ok
+    assert f"HTTP {status}" in (s.error or "")
+    assert "slow down" in (s.error or "")
+    assert s.ttft is None and s.e2e is None and s.itl == []
+    assert wall < 1.0
+
+
+def test_http_error_with_undecodable_body():
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            status=503, body=b"\xff\xfe\x00 upstream gone", content_type="text/plain"
+        )
+
+    s, _ = run_with(handler)
+    assert not s.ok and "HTTP 503" in (s.error or "")
+
+
+def test_connection_refused_is_a_sample():
+    async def main() -> tuple[RequestSample, float]:
+        return await _send(f"http://127.0.0.1:{free_port()}", timeout=2.0)
+
+    s, wall = asyncio.run(main())
+    assert not s.ok and s.error
+    assert s.ttft is None and s.e2e is None
+    assert wall < 1.0
+
+
+def test_no_tokens_at_all_is_an_error():
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(text("") + usage(0) + DONE)
+        return resp
+
+    s, _ = run_with(handler)
+    assert not s.ok and "no tokens" in (s.error or "")
+    assert s.output_tokens == 0 or s.e2e is None
+
+
+def test_empty_200_body_is_an_error():
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200, body=b"", content_type="text/event-stream")
+
+    s, _ = run_with(handler)
+    assert not s.ok and "no tokens" in (s.error or "")
+
+
+def test_stream_cut_mid_way_is_an_error():
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(text("a") + text("b"))
+        await asyncio.sleep(0.01)
+        assert request.transport is not None
+        request.transport.close()  # chunked body never terminated
+        return resp
+
+    s, _ = run_with(handler)
+    assert not s.ok and s.error
+
+
+def test_timeout_is_a_sample():
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await asyncio.sleep(1.0)  # cancelled by the runner's short shutdown
+        return resp
+
+    s, wall = run_with(handler, timeout=0.1)
+    assert not s.ok and "timeout" in (s.error or "")
+    assert wall < 0.6
+
+
+@pytest.mark.parametrize("payload", [b"not json", b"[1, 2]", b'"text"', b"null"])
+def test_malformed_payload_is_a_sample(payload: bytes):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(text("a") + b"data: " + payload + b"\n\n" + DONE)
+        return resp
+
+    s, _ = run_with(handler)
+    assert not s.ok and s.error
+
+
+def test_overlong_sse_line_is_a_sample():
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(text("x" * 300_000) + DONE)
+        return resp
+
+    s, _ = run_with(handler)
+    assert isinstance(s, RequestSample)  # never raises
+    if s.ok:
+        assert s.output_tokens == 1
+    else:
+        assert s.error
+
+
+def test_sample_never_shares_itl_list():
+    a, b = RequestSample(), RequestSample()
+    a.itl.append(1.0)
+    assert b.itl == []
+
+
+def test_json_roundtrip_of_event_helper():
+    # Guard the helper itself: the framing tests rely on it.
+    assert json.loads(text("q")[6:].strip()) == {
+        "choices": [{"index": 0, "text": "q", "finish_reason": None}]
+    }

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import pytest
+
+from qtune.engines.base import Param
+from qtune.errors import InputError
+from qtune.search.config import (
+    SpaceOverride,
+    apply_overrides,
+    check_objective,
+    load_space_file,
+    parse_slo,
+)
+
+
+def test_parse_slo_units_and_ops():
+    slos = parse_slo("ttft_p99<=500ms, tpot_p99<=50ms,e2e_p99<=3s,throughput>=2.5")
+    assert [(s.metric, s.op, s.limit) for s in slos] == [
+        ("ttft_p99", "<=", 500.0),
+        ("tpot_p99", "<=", 50.0),
+        ("e2e_p99", "<=", 3000.0),
+        ("throughput", ">=", 2.5),
+    ]
+    assert slos[0].violation(400.0) == -100.0
+    assert slos[0].violation(600.0) == 100.0
+    assert slos[3].violation(3.0) == -0.5
+    assert slos[0].violation(None) > 0  # no measurement cannot meet an SLO
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["ttft<=500ms", "ttft_p99=500", "ttft_p99>=5ms", "throughput<=3", "foo_p99<=1ms",
+     "ttft_p99<=5req/s", "ttft_p99<=abc"],
+)
+def test_parse_slo_rejects(text):
+    with pytest.raises(InputError) as e:
+        parse_slo(text)
+    assert e.value.hint
+
+
+def test_objective():
+    assert check_objective("e2e_p99") == "minimize"
+    assert check_objective("throughput") == "maximize"
+    with pytest.raises(InputError) as e:
+        check_objective("e2e_p98")
+    assert "e2e_p99" in e.value.hint
+
+
+PARAMS = [
+    Param("max_num_seqs", "int", low=4, high=256, log=True),
+    Param("enable_prefix_caching", "bool"),
+    Param("kv_cache_dtype", "choice", choices=("auto", "fp8")),
+]
+
+
+def test_overrides_fix_range_and_choices():
+    params, fixed = apply_overrides(PARAMS, SpaceOverride({
+        "max_num_seqs": {"low": 8, "high": 64},
+        "enable_prefix_caching": False,
+        "kv_cache_dtype": ["auto"],
+    }, "s.yaml"))
+    by = {p.name: p for p in params}
+    assert (by["max_num_seqs"].low, by["max_num_seqs"].high, by["max_num_seqs"].log) == (8, 64, True)
+    assert fixed == {"enable_prefix_caching": False}
+    assert by["kv_cache_dtype"].choices == ("auto",)
+
+
+@pytest.mark.parametrize(
+    ("entries", "needle"),
+    [
+        ({"max_num_seq": 4}, "max_num_seqs"),  # nearest name in the hint
+        ({"max_num_seqs": "many"}, "integer"),
+        ({"max_num_seqs": {"low": 64, "high": 8}}, None),
+        ({"max_num_seqs": {"lo": 1}}, "lo"),
+        ({"kv_cache_dtype": ["fp16"]}, "auto"),
+        ({"enable_prefix_caching": {"low": 0}}, None),
+        ({"max_num_seqs": []}, None),
+    ],
+)
+def test_overrides_reject(entries, needle):
+    with pytest.raises(InputError) as e:
+        apply_overrides(PARAMS, SpaceOverride(entries, "s.yaml"))
+    text = e.value.message + (e.value.hint or "")
+    assert "s.yaml" in text
+    if needle:
+        assert needle in text
+
+
+def test_space_file_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("max_num_seqs: [1, 2\n")
+    with pytest.raises(InputError, match="line"):
+        load_space_file(bad)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- a\n- b\n")
+    with pytest.raises(InputError, match="mapping"):
+        load_space_file(lst)
+    with pytest.raises(InputError, match="cannot read"):
+        load_space_file(tmp_path / "missing.yaml")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert load_space_file(empty).entries == {}

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from qtune.errors import ProfileError
+from qtune.profile import Profile
+
+
+def sample_profile(**over) -> Profile:
+    data = dict(
+        name="tiny-test",
+        created="2026-11-29T00:00:00+00:00",
+        qtune_version="0.1.0",
+        engine={"name": "vllm", "version": "0.32.0", "build": "cpu"},
+        model={"id": "tiny", "path": "/m"},
+        params={"max_num_seqs": 8},
+        env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2"},
+        argv=[sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+              "--model", "/m", "--port", "8000", "--max-num-seqs", "8"],
+        metrics={"objective": {"name": "e2e_p99", "direction": "minimize",
+                               "best": 100.0, "baseline": 150.0}, "startup_s": 40.0},
+        workload={"input_len": 16},
+        slo=[],
+        host={"id": "abc"},
+        study={"storage": "journal:///x", "name": "s", "trial": 1, "trials_run": 3},
+    )
+    data.update(over)
+    return Profile.model_validate(data)
+
+
+def test_round_trip(tmp_path):
+    p = sample_profile()
+    path = tmp_path / "p.yaml"
+    p.save(path)
+    assert Profile.load(path) == p
+    assert not [f for f in tmp_path.iterdir() if f.name.startswith(".")]  # no temp left
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("name: [unclosed\n", "not valid YAML"),
+        ("- a\n", "not a mapping"),
+        ("name: x\n", "created"),  # missing fields name the field
+    ],
+)
+def test_load_rejects(tmp_path, text, needle):
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(ProfileError, match=needle):
+        Profile.load(path)
+
+
+def test_missing_file():
+    with pytest.raises(ProfileError) as e:
+        Profile.load(Path("/nonexistent/p.yaml"))
+    assert e.value.hint
+
+
+def test_unknown_field_rejected(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(sample_profile().dump() + "surprise: 1\n")
+    with pytest.raises(ProfileError, match="surprise"):
+        Profile.load(path)
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"env": {"HF_TOKEN": "abc"}},
+        {"env": {"X": "hf_abcdefghijklmnopqrstuvwxyz"}},
+        {"argv": [sys.executable, "--api-key", "hf_abcdefghijklmnopqrstuvwxyz"]},
+        {"argv": ["python", "-m", "x"]},  # relative executable
+    ],
+)
+def test_secrets_and_bad_argv_rejected(over):
+    with pytest.raises(Exception) as e:
+        sample_profile(**over)
+    assert "hf_abcdefghij" not in str(e.value)

@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from qtune.engines.base import LaunchSpec
+from qtune.errors import ServerError
+from qtune.server import Server, free_port
+
+ROOT = Path(__file__).parent.parent
+
+
+def spec(port: int, *opts: str, name: str = "m", served: str = "m") -> LaunchSpec:
+    return LaunchSpec(
+        argv=(sys.executable, "-m", "tests.fake_server", str(port), name, *opts),
+        env={"PYTHONPATH": str(ROOT)},
+        host="127.0.0.1", port=port, served_model=served,
+        fatal_patterns=("FATAL-ENGINE-ERROR",),
+    )
+
+
+def group_alive(pgid: int) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return out
+
+
+def test_ready_then_stop_kills_the_whole_group(tmp_path):
+    port = free_port()
+    s = Server(spec(port, "--ready-after", "0.5", "--stubborn-child"), tmp_path / "s.log")
+    with s:
+        took = s.wait_ready(30)
+        assert 0.4 < took < 30
+        pgid = s.proc.pid
+        assert len(group_alive(pgid)) >= 3  # guard, server, stubborn grandchild
+    assert group_alive(pgid) == []
+    assert "$ " in (tmp_path / "s.log").read_text()  # command line logged
+
+
+def test_early_exit_ends_the_wait_at_once(tmp_path):
+    s = Server(spec(free_port(), "--exit-after", "0.2"), tmp_path / "s.log")
+    t0 = time.monotonic()
+    with s, pytest.raises(ServerError) as e:
+        s.wait_ready(60)
+    assert time.monotonic() - t0 < 10
+    assert "code 3" in e.value.message
+    assert e.value.reason == "crash"
+
+
+def test_fatal_log_line_ends_the_wait_although_the_process_lives(tmp_path):
+    s = Server(spec(free_port(), "--fatal-after", "0.2"), tmp_path / "s.log")
+    t0 = time.monotonic()
+    with s, pytest.raises(ServerError):
+        s.wait_ready(60)
+    assert time.monotonic() - t0 < 10
+    assert s.proc is None  # stopped
+
+
+def test_timeout_and_wrong_model(tmp_path):
+    s = Server(spec(free_port(), served="other"), tmp_path / "s.log")
+    with s, pytest.raises(ServerError) as e:
+        s.wait_ready(2)
+    assert e.value.reason == "timeout"
+
+
+def test_missing_executable(tmp_path):
+    bad = LaunchSpec(argv=("/nonexistent/python",), env={}, host="127.0.0.1",
+                     port=free_port(), served_model="m")
+    s = Server(bad, tmp_path / "s.log")
+    with s, pytest.raises(ServerError):
+        s.wait_ready(10)
+
+
+def test_guard_kills_the_server_when_qtune_is_killed(tmp_path):
+    port = free_port()
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from pathlib import Path
+        from tests.test_server import spec
+        from qtune.server import Server
+        s = Server(spec({port}, "--stubborn-child"), Path({str(tmp_path / 's.log')!r}))
+        s.start(); s.wait_ready(30)
+        print(s.proc.pid, flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    pgid = int(parent.stdout.readline())
+    assert group_alive(pgid)
+    parent.kill()  # SIGKILL: no cleanup code of qtune's can run
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert group_alive(pgid) == []
+
+
+def test_free_port_is_bindable():
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
