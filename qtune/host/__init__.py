@@ -134,10 +134,22 @@ def probe(
     return dataclasses.replace(facts, findings=findings(facts))
 
 
+def gpu_numa_node(facts: HostFacts, gpu: GPU) -> int | None:
+    """The GPU's NUMA node; when sysfs and NVML do not say (common in VMs),
+    the node whose CPUs are the device's local CPUs."""
+    if gpu.numa_node is not None:
+        return gpu.numa_node
+    local = set(gpu.local_cpus)
+    for n in facts.numa:
+        if local and local <= set(n.cpus):
+            return n.id
+    return None
+
+
 def cpu_binding(facts: HostFacts) -> list[int]:
     """The CPUs a server would be bound to: the NUMA node of the first GPU,
     else node 0, restricted to what this process may use."""
-    node = facts.gpus[0].numa_node if facts.gpus else None
+    node = gpu_numa_node(facts, facts.gpus[0]) if facts.gpus else None
     chosen = next((n for n in facts.numa if n.id == node), facts.numa[0])
     cpus = [c for c in chosen.cpus if c in facts.usable_cpus]
     return cpus or facts.usable_cpus
@@ -188,19 +200,18 @@ def findings(facts: HostFacts) -> list[Finding]:
         )
     bind = cpu_binding(facts)
     for g in facts.gpus:
-        if g.numa_node is None:
-            continue
-        gpu_node = next((n for n in facts.numa if n.id == g.numa_node), None)
+        node_id = gpu_numa_node(facts, g)
+        gpu_node = next((n for n in facts.numa if n.id == node_id), None)
         if gpu_node and not set(bind) & set(gpu_node.cpus):
             out.append(
                 Finding(
                     f"gpu{g.index}-numa-remote",
                     "warning",
-                    f"GPU {g.index} sits on NUMA node {g.numa_node} but the CPUs "
+                    f"GPU {g.index} sits on NUMA node {node_id} but the CPUs "
                     f"qtune would bind ({format_cpulist(bind)}) are elsewhere",
-                    f"bind the server to node {g.numa_node}: CPUAffinity="
+                    f"bind the server to node {node_id}: CPUAffinity="
                     f"{format_cpulist(gpu_node.cpus)} NUMAPolicy=bind "
-                    f"NUMAMask={g.numa_node}",
+                    f"NUMAMask={node_id}",
                 )
             )
         if g.pcie_gen and g.pcie_gen_max and g.pcie_width_max and g.pcie_width:
@@ -244,6 +255,16 @@ def findings(facts: HostFacts) -> list[Finding]:
                 f"vLLM {vllm.version} is a CUDA build but no NVIDIA GPU is visible "
                 f"({facts.gpu.note})",
                 "install the CPU build (pip install 'qtune[cpu]') or fix the driver",
+            )
+        )
+    if vllm and vllm.build == "cpu" and facts.gpus:
+        out.append(
+            Finding(
+                "vllm-cpu-build-on-gpu-host",
+                "warning",
+                f"vLLM {vllm.version} is the CPU build but {len(facts.gpus)} NVIDIA "
+                "GPU(s) are present",
+                "install the CUDA build (pip install 'qtune[vllm]') to tune on the GPUs",
             )
         )
     if vllm and vllm.build == "cpu" and not _has_tcmalloc():

@@ -92,6 +92,8 @@ def read_gpus(nvml: Any = None, root: Path = Path("/")) -> GPUReport:
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         gpus = [_one_gpu(nvml, i, h, handles, root) for i, h in enumerate(handles)]
         return GPUReport(gpus, driver, cuda, None)
+    except Exception as exc:  # GpuIsLost, NoPermission, ...: report, never crash
+        return GPUReport([], None, None, f"NVML error: {type(exc).__name__}: {exc}")
     finally:
         _try(nvml.nvmlShutdown)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 
 @dataclass(slots=True)
@@ -81,7 +82,9 @@ async def send(
     prompt_tokens: int,
     timeout: float = 600.0,
 ) -> RequestSample:
-    s = RequestSample(prompt_tokens=prompt_tokens, expected_output_tokens=body["max_tokens"])
+    s = RequestSample(
+        prompt_tokens=prompt_tokens, expected_output_tokens=body["max_tokens"]
+    )
     chunks = 0
     last = 0.0
     s.start = time.perf_counter()
@@ -90,7 +93,8 @@ async def send(
             url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)
         ) as resp:
             if resp.status != 200:
-                text = (await resp.text())[:200].replace("\n", " ")
+                # errors="replace": a proxy's binary error page must not raise.
+                text = (await resp.text(errors="replace"))[:200].replace("\n", " ")
                 s.error = f"HTTP {resp.status}: {text}"
                 return s
             # aiohttp yields whole lines even when a TCP read split an event.
@@ -101,33 +105,43 @@ async def send(
                 data = line[5:].strip()
                 if data == b"[DONE]":
                     break  # some servers keep the connection open after it
+                now = time.perf_counter()
                 try:
                     event = json.loads(data)
-                except ValueError:
+                    if not isinstance(event, dict):
+                        raise TypeError("not a JSON object")
+                    if "error" in event:
+                        err = event["error"]
+                        msg = err.get("message") if isinstance(err, dict) else err
+                        s.error = f"server error mid-stream: {msg}"
+                        return s
+                    choices = event.get("choices") or []
+                    has_text = bool(choices) and bool(_delta_text(choices[0]))
+                    usage = event.get("usage")
+                    if usage:
+                        s.output_tokens = int(usage.get("completion_tokens") or 0)
+                        s.prompt_tokens = int(
+                            usage.get("prompt_tokens") or prompt_tokens
+                        )
+                except (ValueError, TypeError, AttributeError):
+                    # Not JSON, or JSON of another shape ([...], null, a
+                    # string, choices that are not objects): a failed
+                    # request, never an exception out of send().
                     s.error = f"bad SSE payload: {data[:80]!r}"
                     return s
-                if "error" in event:
-                    err = event["error"]
-                    msg = err.get("message") if isinstance(err, dict) else err
-                    s.error = f"server error mid-stream: {msg}"
-                    return s
-                now = time.perf_counter()
-                choices = event.get("choices") or []
-                if choices and _delta_text(choices[0]):
+                if has_text:
                     if s.ttft is None:
                         s.ttft = now - s.start
                     else:
                         s.itl.append(now - last)
                     last = now
                     chunks += 1
-                usage = event.get("usage")
-                if usage:
-                    s.output_tokens = int(usage.get("completion_tokens") or 0)
-                    s.prompt_tokens = int(usage.get("prompt_tokens") or prompt_tokens)
     except TimeoutError:
         s.error = f"timeout after {timeout:.0f} s"
         return s
-    except aiohttp.ClientError as exc:
+    except (aiohttp.ClientError, HttpProcessingError) as exc:
+        # HttpProcessingError: LineTooLong, an SSE line over aiohttp's
+        # read limit (512 KiB by default); it is not a ClientError.
         s.error = f"{type(exc).__name__}: {exc}"[:200]
         return s
     if s.ttft is None:

@@ -205,8 +205,8 @@ def _storage(cfg: TuneConfig, name: str) -> tuple[str, Path]:
                 hint="e.g. sqlite:///studies/x.db, postgresql://user@host/db, or "
                 "journal:///path/file.log",
             )
-        return url, cfg.studies_dir / name
-    study_dir = cfg.studies_dir / name
+        return url, (cfg.studies_dir / name).resolve()
+    study_dir = (cfg.studies_dir / name).resolve()
     return f"journal://{(cfg.studies_dir / (name + '.log')).resolve()}", study_dir
 
 

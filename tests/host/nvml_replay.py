@@ -137,7 +137,8 @@ class ReplayNVML:
             # Only the NVLink capability was recorded.
             raise nvml_error("NVMLError_NotSupported")
         row = self._get(h, "p2p_nvlink")
-        if not isinstance(other, int) or not 0 <= other < len(row) or row[other] is None:
+        known = isinstance(other, int) and 0 <= other < len(row)
+        if not known or row[other] is None:
             raise nvml_error("NVMLError_InvalidArgument")
         return _answer(row[other])
 
