@@ -13,10 +13,19 @@ from typing import Any
 
 import aiohttp
 import pytest
-from tests.load._sse_server import DONE, event, free_port, now, open_stream, serve, text, usage
 from aiohttp import web
 
 from qtune.load.client import RequestSample, build_body, send
+from tests.load._sse_server import (
+    DONE,
+    event,
+    free_port,
+    now,
+    open_stream,
+    serve,
+    text,
+    usage,
+)
 
 GAP = 0.030  # server-side pause between text chunks
 SLACK = 0.060  # scheduling noise allowed above a controlled delay
@@ -140,7 +149,7 @@ def test_timing_and_usage_only_final_chunk():
         await resp.write(DONE)
         return resp
 
-    s, wall = run_with(handler)
+    s, wall = run_with(handler, max_tokens=7)
     assert s.ok, s.error
     assert s.output_tokens == 7  # from usage, not the 5 text chunks
     assert s.prompt_tokens == 11  # the server's count wins
@@ -153,10 +162,7 @@ def test_timing_and_usage_only_final_chunk():
     # The usage chunk came `tail` seconds after the last text: E2E excludes it.
     assert wall >= s.e2e + tail - 0.002
     assert s.tpot == pytest.approx((s.e2e - s.ttft) / (7 - 1))
-    assert not s.truncated  # 7 tokens < max_tokens 8 would be truncated...
-
-    # ...so check truncation explicitly against max_tokens.
-    assert s.expected_output_tokens == 8
+    assert s.expected_output_tokens == 7 and not s.truncated
 
 
 def test_usage_in_every_chunk_takes_the_last_report():
@@ -415,7 +421,17 @@ def test_timeout_is_a_sample():
     assert wall < 0.6
 
 
-@pytest.mark.parametrize("payload", [b"not json", b"[1, 2]", b'"text"', b"null"])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"not json",
+        b"[1, 2]",
+        b'"text"',
+        b"null",
+        b'{"choices": ["x"]}',
+        b'{"choices": [{"text": "b"}], "usage": "n/a"}',
+    ],
+)
 def test_malformed_payload_is_a_sample(payload: bytes):
     async def handler(request: web.Request) -> web.StreamResponse:
         resp = await open_stream(request)
@@ -427,17 +443,18 @@ def test_malformed_payload_is_a_sample(payload: bytes):
 
 
 def test_overlong_sse_line_is_a_sample():
+    # 1 MiB in one SSE line: over aiohttp's line limit (LineTooLong, which
+    # is not a ClientError).  It must become a failed sample, not raise.
     async def handler(request: web.Request) -> web.StreamResponse:
         resp = await open_stream(request)
-        await resp.write(text("x" * 300_000) + DONE)
+        try:
+            await resp.write(text("x" * (1 << 20)) + DONE)
+        except (ConnectionError, aiohttp.ClientConnectionResetError):
+            pass  # the client gave up first
         return resp
 
     s, _ = run_with(handler)
-    assert isinstance(s, RequestSample)  # never raises
-    if s.ok:
-        assert s.output_tokens == 1
-    else:
-        assert s.error
+    assert not s.ok and s.error
 
 
 def test_sample_never_shares_itl_list():

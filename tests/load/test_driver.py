@@ -1,0 +1,303 @@
+"""``run_load``: in-flight cap, Poisson arrivals, warm-up, bounds, prompts.
+
+A recording server on 127.0.0.1 notes every request's arrival, prompt and
+end, and how many requests it holds at once.  Same process, same clock
+(``time.perf_counter``) as the client's samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from qtune.load import LoadResult, PromptFactory, Workload, run_load
+from qtune.model import generated_tokenizer
+from tests.load._sse_server import DONE, now, open_stream, serve, text, usage
+
+
+@dataclass
+class Req:
+    arrive: float
+    prompt: str
+    path: str
+    end: float = 0.0  # before [DONE]: the client cannot have finished yet
+
+
+@dataclass
+class Recorder:
+    first: float = 0.005  # before the first token
+    gap: float = 0.005  # between tokens
+    tokens: int = 2
+    report_prompt_tokens: bool = True
+    reqs: list[Req] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        arrive = now()
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            body = await request.json()
+            prompt = body.get("prompt") or body["messages"][0]["content"]
+            r = Req(arrive, prompt, request.path)
+            self.reqs.append(r)
+            resp = await open_stream(request)
+            await asyncio.sleep(self.first)
+            for i in range(self.tokens):
+                if i:
+                    await asyncio.sleep(self.gap)
+                await resp.write(text(f"t{i} "))
+            n_prompt = len(prompt.split()) if self.report_prompt_tokens else 0
+            await resp.write(usage(self.tokens, n_prompt))
+        finally:
+            # Counted out before [DONE]: a client that has read [DONE] (and
+            # may start its next request) is never still counted here.
+            r.end = now()
+            self.in_flight -= 1
+        await resp.write(DONE)
+        return resp
+
+    def prompts(self) -> list[str]:
+        return [r.prompt for r in sorted(self.reqs, key=lambda r: r.arrive)]
+
+
+def load(rec: Recorder, wl: Workload, **kw: Any) -> tuple[LoadResult, float]:
+    async def main() -> tuple[LoadResult, float]:
+        async with serve(rec.handler) as base:
+            t0 = now()
+            res = await run_load(base, "m", wl, **kw)
+            return res, now() - t0
+
+    return asyncio.run(main())
+
+
+def wl(**kw: Any) -> Workload:
+    base: dict[str, Any] = dict(input_len=6, output_len=2, warmup_requests=0)
+    base.update(kw)
+    return Workload(**base)
+
+
+# --- concurrency -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("c", [1, 3])
+def test_concurrency_caps_requests_in_flight(c: int):
+    rec = Recorder(first=0.01, gap=0.005, tokens=3)
+    res, _ = load(rec, wl(concurrency=c, requests=12))
+    assert len(res.samples) == 12 and all(s.ok for s in res.samples)
+    assert len(rec.reqs) == 12
+    # Never above C, and C is reached: the cap is what limits, not luck.
+    assert rec.max_in_flight == c
+
+
+def test_requests_bound_is_exact():
+    rec = Recorder()
+    res, _ = load(rec, wl(concurrency=4, requests=10))
+    assert len(res.samples) == 10 and len(rec.reqs) == 10
+    rec = Recorder()
+    res, _ = load(rec, wl(concurrency=8, requests=3))  # fewer than streams
+    assert len(res.samples) == 3 and len(rec.reqs) == 3
+    rec = Recorder()
+    res, _ = load(rec, wl(rate=400.0, requests=7))
+    assert len(res.samples) == 7 and len(rec.reqs) == 7
+
+
+def test_duration_bound_stops_issuing():
+    duration = 0.2
+    rec = Recorder(first=0.01, gap=0.005, tokens=2)
+    res, wall = load(rec, wl(concurrency=2, requests=None, duration=duration))
+    n = len(res.samples)
+    # ~15 ms a request on 2 streams: far more than 2, far fewer than the
+    # unbounded count.
+    assert 4 <= n <= 2 * (duration / 0.015 + 1)
+    assert len(rec.reqs) == n
+    first = min(s.start for s in res.samples)
+    assert max(s.start for s in res.samples) <= first + duration + 0.01
+    assert wall < duration + 0.15  # in-flight ones finish; nothing new starts
+
+
+def test_duration_bound_wins_over_a_large_request_count():
+    rec = Recorder(first=0.01, gap=0.005, tokens=2)
+    res, wall = load(rec, wl(concurrency=2, requests=10_000, duration=0.15))
+    assert 2 <= len(res.samples) < 100
+    assert wall < 0.15 + 0.15
+
+
+def test_duration_bound_in_rate_mode():
+    duration, rate = 0.3, 100.0
+    rec = Recorder()
+    res, wall = load(rec, wl(rate=rate, requests=None, duration=duration, seed=3))
+    n = len(res.samples)
+    assert 12 <= n <= 55  # Poisson(30), fixed seed
+    first = min(s.start for s in res.samples)
+    assert max(s.start for s in res.samples) <= first + duration + 0.01
+    assert wall < duration + 0.15
+
+
+# --- Poisson arrivals ------------------------------------------------------
+
+
+def _schedule(rec: Recorder) -> dict[str, float]:
+    t0 = min(r.arrive for r in rec.reqs)
+    return {r.prompt: r.arrive - t0 for r in rec.reqs}
+
+
+def test_poisson_is_open_loop_and_reproducible():
+    """Same seed → same prompts at the same offsets; another seed → other
+    prompts.  Arrivals do not wait for completions (open loop)."""
+    rate, n = 40.0, 12
+
+    def run(seed: int) -> Recorder:
+        rec = Recorder(first=0.08, gap=0.005, tokens=2)  # slower than arrivals
+        res, _ = load(rec, wl(rate=rate, requests=n, seed=seed))
+        assert len(res.samples) == n and all(s.ok for s in res.samples)
+        return rec
+
+    a, b, c = run(7), run(7), run(8)
+    sa, sb, sc = _schedule(a), _schedule(b), _schedule(c)
+    assert len(sa) == n  # distinct prompts, so the maps are complete
+    assert sa.keys() == sb.keys()
+    for prompt, offset in sa.items():
+        assert sb[prompt] == pytest.approx(offset, abs=0.015)
+    assert sc.keys().isdisjoint(sa.keys())
+    # Exponential gaps: spread out, not a fixed interval and not a burst.
+    offsets = sorted(sa.values())
+    gaps = [y - x for x, y in zip(offsets, offsets[1:], strict=False)]
+    span = offsets[-1]
+    assert 0.25 * (n - 1) / rate < span < 4 * (n - 1) / rate
+    assert max(gaps) > 2 * min(gaps) + 0.005
+    # 80 ms per request at ~40 req/s: several overlap.
+    assert a.max_in_flight >= 2
+
+
+# --- warm-up ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [{"concurrency": 2}, {"rate": 200.0}])
+def test_warmup_is_separate_and_finishes_first(mode: dict[str, Any]):
+    calls: list[tuple[str, int, int | None]] = []
+    rec = Recorder(first=0.03, gap=0.005, tokens=2)
+    res, _ = load(
+        rec,
+        wl(requests=6, warmup_requests=4, **mode),
+        progress=lambda phase, done, total: calls.append((phase, done, total)),
+    )
+    assert len(res.warmup) == 4 and len(res.samples) == 6
+    assert len(rec.reqs) == 10
+    first = min(s.start for s in res.samples)
+    # Client side: every warm-up request completed before the first send.
+    assert all(w.ok for w in res.warmup)
+    assert max(w.start + (w.e2e or 0.0) for w in res.warmup) <= first
+    # Server side: exactly the 4 warm-up requests arrived before it, and
+    # the server was done with all of them by then.
+    before = [r for r in rec.reqs if r.arrive < first]
+    assert len(before) == 4
+    assert max(r.end for r in before) <= first
+    # Warm-up prompts come from another seed than the measured ones.
+    assert {r.prompt for r in before}.isdisjoint(
+        r.prompt for r in rec.reqs if r.arrive >= first
+    )
+    # The measured window starts at the first measured send.
+    last = max(s.start + (s.e2e or 0.0) for s in res.samples)
+    assert res.duration == pytest.approx(last - first)
+    # Progress: warm-up then measure, counts up to their totals.
+    assert [c for c in calls if c[0] == "warm-up"][-1] == ("warm-up", 4, 4)
+    assert [c for c in calls if c[0] == "measure"][-1] == ("measure", 6, 6)
+    assert calls.index(("warm-up", 4, 4)) < min(
+        i for i, c in enumerate(calls) if c[0] == "measure"
+    )
+
+
+def test_no_warmup_means_no_warmup_requests():
+    rec = Recorder()
+    res, _ = load(rec, wl(concurrency=2, requests=3, warmup_requests=0))
+    assert res.warmup == [] and len(rec.reqs) == 3
+
+
+# --- endpoint, failures ----------------------------------------------------
+
+
+def test_chat_endpoint_path():
+    rec = Recorder()
+    res, _ = load(rec, wl(concurrency=1, requests=2, endpoint="chat"))
+    assert {r.path for r in rec.reqs} == {"/v1/chat/completions"}
+    assert all(s.ok for s in res.samples)
+
+
+def test_failed_requests_are_samples_not_exceptions():
+    seen = 0
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        nonlocal seen
+        seen += 1
+        if seen % 2:
+            return web.json_response({"error": "busy"}, status=503)
+        resp = await open_stream(request)
+        await resp.write(text("a") + text("b") + DONE)
+        return resp
+
+    async def main() -> LoadResult:
+        async with serve(handler) as base:
+            return await run_load(base, "m", wl(concurrency=1, requests=6))
+
+    res = asyncio.run(main())
+    assert len(res.samples) == 6
+    assert sum(not s.ok for s in res.samples) == 3
+    assert all("503" in (s.error or "") for s in res.samples if not s.ok)
+
+
+# --- prompts ---------------------------------------------------------------
+
+
+@pytest.fixture
+def wordlevel(tmp_path, monkeypatch):
+    monkeypatch.setenv("QTUNE_CACHE", str(tmp_path / "cache"))
+    path = generated_tokenizer(512)
+    assert str(path).startswith(str(tmp_path))
+    return path
+
+
+def test_prompt_factory_exact_tokens_with_tokenizer(wordlevel):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(wordlevel / "tokenizer.json"))
+    pf = PromptFactory(wordlevel, seed=0)
+    assert pf.tok is not None
+    specials = {"<|endoftext|>", "<|im_end|>", "<unk>"}
+    for n in (1, 2, 17, 256, 1000):
+        prompt, k = pf.prompt(n)
+        assert k == n
+        ids = tok.encode(prompt, add_special_tokens=False).ids
+        assert len(ids) == n
+        assert not specials & set(prompt.split())
+    # Deterministic per seed, different across seeds.
+    def one(seed: int) -> tuple[str, int]:
+        return PromptFactory(wordlevel, seed).prompt(32)
+
+    assert one(5) == one(5)
+    assert one(5) != one(6)
+
+
+@pytest.mark.parametrize("n", [1, 7, 300])
+def test_prompt_factory_without_tokenizer_gives_words(n: int, tmp_path):
+    for path in (None, tmp_path):  # a folder without tokenizer.json too
+        prompt, k = PromptFactory(path, seed=1).prompt(n)
+        assert k == n
+        assert len(prompt.split(" ")) == n and all(prompt.split(" "))
+
+
+def test_run_load_sends_exact_length_prompts(wordlevel):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(wordlevel / "tokenizer.json"))
+    rec = Recorder(report_prompt_tokens=False)  # usage without prompt_tokens
+    res, _ = load(rec, wl(input_len=50, concurrency=2, requests=4), tokenizer=wordlevel)
+    assert len(rec.reqs) == 4
+    for r in rec.reqs:
+        assert len(tok.encode(r.prompt, add_special_tokens=False).ids) == 50
+    assert [s.prompt_tokens for s in res.samples] == [50] * 4
