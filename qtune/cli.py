@@ -83,6 +83,48 @@ def probe(
         console.render_probe(d)
 
 
+# -- workload options, shared by search and bench ---------------------------
+Rate = Annotated[float | None, typer.Option(
+    help="Requests per second (Poisson arrivals unless --arrival constant).")]
+Concurrency = Annotated[int | None, typer.Option(
+    help="Fixed number of in-flight requests (default 4 without --rate).")]
+InputLen = Annotated[str | None, typer.Option(
+    help="Prompt tokens: 256, 128-512 (uniform) or normal:256:64 [default 256].")]
+OutputLen = Annotated[str | None, typer.Option(
+    help="Output tokens, same forms as --input-len [default 64].")]
+Requests = Annotated[int | None, typer.Option(
+    help="Measured requests per run [default 64 unless --duration].")]
+Duration = Annotated[float | None, typer.Option(help="Measured seconds per run.")]
+Warmup = Annotated[int | None, typer.Option(
+    help="Warm-up requests, not counted [default 8].")]
+Seed = Annotated[int | None, typer.Option(help="Seed for prompts and arrivals.")]
+Arrival = Annotated[str | None, typer.Option(help="poisson | constant (with --rate).")]
+Burstiness = Annotated[float | None, typer.Option(
+    help="Gamma shape of inter-arrivals: 1 Poisson, <1 burstier.")]
+Dataset = Annotated[str | None, typer.Option(
+    help="ShareGPT JSON or JSONL with 'prompt' (and 'output_tokens').")]
+PrefixCount = Annotated[int | None, typer.Option(
+    help="Shared-prefix workload: number of distinct system prompts.")]
+PrefixLen = Annotated[int | None, typer.Option(help="Tokens per shared prefix.")]
+Endpoint = Annotated[str | None, typer.Option(help="completions | chat.")]
+WorkloadFile = Annotated[Path | None, typer.Option(
+    "--workload", help="YAML file with the same keys (flags override it).")]
+SloOpt = Annotated[str | None, typer.Option(
+    help="Constraints, e.g. 'ttft_p99<=500ms,tpot_p99<=50ms,e2e_p99<=3s'.")]
+
+
+def _workload(file: Path | None, **flags: Any) -> Any:
+    from qtune.load.workload import Workload, load_workload_file
+
+    data = load_workload_file(file) if file else {}
+    data.update({k: v for k, v in flags.items() if v is not None})
+    if data.get("rate") is None and data.get("concurrency") is None:
+        data["concurrency"] = 4
+    if data.get("requests") is None and data.get("duration") is None:
+        data["requests"] = 64
+    return Workload(**data)
+
+
 @app.command()
 def search(
     model: Annotated[
@@ -95,27 +137,26 @@ def search(
     engine_python: EnginePython = None,
     trials: Annotated[int, typer.Option(min=1, help="Server launches, "
                                         "including the defaults baseline.")] = 10,
-    rate: Annotated[float | None, typer.Option(help="Poisson arrivals, req/s.")] = None,
-    concurrency: Annotated[
-        int | None, typer.Option(help="Fixed number of in-flight requests.")
-    ] = None,
-    input_len: Annotated[int, typer.Option(help="Prompt tokens.")] = 256,
-    output_len: Annotated[int, typer.Option(help="Output tokens.")] = 64,
-    requests: Annotated[
-        int | None, typer.Option(help="Measured requests per trial.")
-    ] = None,
-    duration: Annotated[
-        float | None, typer.Option(help="Measured seconds per trial.")
-    ] = None,
-    warmup: Annotated[int, typer.Option(help="Warm-up requests (not counted).")] = 8,
-    seed: Annotated[int, typer.Option(help="Seed for prompts, arrivals, sampler.")] = 0,
+    rate: Rate = None,
+    concurrency: Concurrency = None,
+    input_len: InputLen = None,
+    output_len: OutputLen = None,
+    requests: Requests = None,
+    duration: Duration = None,
+    warmup: Warmup = None,
+    seed: Seed = None,
+    arrival: Arrival = None,
+    burstiness: Burstiness = None,
+    dataset: Dataset = None,
+    prefix_count: PrefixCount = None,
+    prefix_len: PrefixLen = None,
+    endpoint: Endpoint = None,
+    workload: WorkloadFile = None,
     objective: Annotated[
-        str, typer.Option(help="e2e_p99 | ttft_p99 | tpot_p99 | throughput | ...")
+        str, typer.Option(help="e2e_p99 | ttft_p99 | tpot_p99 | throughput | "
+                          "goodput | capacity | ...")
     ] = "e2e_p99",
-    slo: Annotated[
-        str | None,
-        typer.Option(help="Constraints, e.g. 'ttft_p99<=500ms,tpot_p99<=50ms'."),
-    ] = None,
+    slo: SloOpt = None,
     space: Annotated[
         Path | None, typer.Option(help="YAML file narrowing or fixing parameters.")
     ] = None,
@@ -140,25 +181,19 @@ def search(
 ) -> None:
     """Tune the engine's launch flags against a live load; write a profile."""
     from qtune import console
-    from qtune.load.workload import Workload
     from qtune.search import prepare, run_study
     from qtune.search.config import TuneConfig, parse_slo
-    from qtune.server import install_signal_handlers
-
-    if rate is None and concurrency is None:
-        concurrency = 4
-    if requests is None and duration is None:
-        requests = 64
-    wl = Workload(input_len=input_len, output_len=output_len, rate=rate,
-                  concurrency=concurrency, requests=requests, duration=duration,
-                  warmup_requests=warmup, seed=seed)
+    wl = _workload(workload, input_len=input_len, output_len=output_len, rate=rate,
+                   concurrency=concurrency, requests=requests, duration=duration,
+                   warmup_requests=warmup, seed=seed, arrival=arrival,
+                   burstiness=burstiness, dataset=dataset, prefix_count=prefix_count,
+                   prefix_len=prefix_len, endpoint=endpoint)
     cfg = TuneConfig(model=model, engine=engine, engine_python=engine_python,
                      trials=trials, workload=wl, objective=objective,
                      slo=parse_slo(slo), space_file=space, study=study,
                      storage=storage, out=out, max_model_len=max_model_len,
-                     startup_timeout=startup_timeout, seed=seed)
+                     startup_timeout=startup_timeout, seed=wl.seed)
     prep = prepare(cfg)
-    install_signal_handlers()
     with console.SearchReporter(objective) as rep:
         res = run_study(prep, rep)
     if json_out:
@@ -175,6 +210,87 @@ def search(
         console.render_search_result(res)
     if res.best is None:
         raise typer.Exit(3)
+
+
+@app.command()
+def bench(
+    url: Annotated[list[str], typer.Option(
+        help="Base URL of an OpenAI-compatible server; give two to compare.")],
+    model: Annotated[str | None, typer.Option(
+        help="Served model name (default: the first in /v1/models).")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        help="Folder with tokenizer.json for exact prompt lengths.")] = None,
+    rate: Rate = None,
+    concurrency: Concurrency = None,
+    input_len: InputLen = None,
+    output_len: OutputLen = None,
+    requests: Requests = None,
+    duration: Duration = None,
+    warmup: Warmup = None,
+    seed: Seed = None,
+    arrival: Arrival = None,
+    burstiness: Burstiness = None,
+    dataset: Dataset = None,
+    prefix_count: PrefixCount = None,
+    prefix_len: PrefixLen = None,
+    endpoint: Endpoint = None,
+    workload: WorkloadFile = None,
+    slo: SloOpt = None,
+    repeat: Annotated[int, typer.Option(min=1, help="Measurements (interleaved "
+                                        "across URLs); medians with 95% CI.")] = 1,
+    find_capacity: Annotated[bool, typer.Option(
+        help="Find the highest rate (or concurrency) that meets --slo.")] = False,
+    no_metrics: Annotated[bool, typer.Option(
+        "--no-server-metrics", help="Do not scrape the server's /metrics.")] = False,
+    csv: Annotated[Path | None, typer.Option(
+        help="Write one row per run (or per capacity step) here.")] = None,
+    json_out: JsonOut = False,
+) -> None:
+    """Measure an OpenAI-compatible endpoint under a workload (no launch)."""
+    from qtune import console
+    from qtune.bench import BenchConfig, run_bench
+    from qtune.search.config import parse_slo
+
+    if len(url) > 2:
+        from qtune.errors import InputError
+
+        raise InputError("--url: give one endpoint, or two to compare",
+                         hint="compare more configs pairwise")
+    wl = _workload(workload, input_len=input_len, output_len=output_len, rate=rate,
+                   concurrency=concurrency, requests=requests, duration=duration,
+                   warmup_requests=warmup, seed=seed, arrival=arrival,
+                   burstiness=burstiness, dataset=dataset, prefix_count=prefix_count,
+                   prefix_len=prefix_len, endpoint=endpoint)
+    cfg = BenchConfig(urls=url, workload=wl, model=model, tokenizer=tokenizer,
+                      slo=parse_slo(slo), repeat=repeat, find_capacity=find_capacity,
+                      scrape_metrics=not no_metrics)
+    with console.Status() as status:
+        res = run_bench(cfg, progress=status.update)
+    if csv is not None:
+        from qtune.profile import write_atomic
+
+        write_atomic(csv, _bench_csv(res))
+    if json_out:
+        _print_json(res)
+    else:
+        console.render_bench(res)
+
+
+def _bench_csv(res: dict[str, Any]) -> str:
+    import pandas as pd
+
+    from qtune.bench import KEY_METRICS
+    from qtune.metrics import metric_value
+
+    if "capacity" in res:
+        rows = res["capacity"]["steps"]
+    elif "runs" in res:
+        rows = [{"url": res["urls"][k], "run": i,
+                 **{m: metric_value(r, m) for m in KEY_METRICS}}
+                for k, runs in enumerate(res["runs"]) for i, r in enumerate(runs)]
+    else:
+        rows = [{m: metric_value(res, m) for m in KEY_METRICS}]
+    return pd.DataFrame(rows).to_csv(index=False)
 
 
 @app.command()
@@ -208,8 +324,16 @@ def main() -> None:
 
     # Optuna logs every trial at INFO; qtune's own progress says more.
     logging.getLogger("optuna").setLevel(logging.WARNING)
+    from qtune.server import install_signal_handlers
+
+    install_signal_handlers()
     try:
-        app(standalone_mode=False)
+        # Without standalone mode Typer *returns* exit codes (typer.Exit,
+        # and 130 for Ctrl-C) instead of raising them.
+        rc = app(standalone_mode=False)
+        if rc == 130:
+            raise KeyboardInterrupt
+        sys.exit(rc if isinstance(rc, int) else 0)
     except QtuneError as exc:
         if _state["debug"]:
             raise

@@ -209,3 +209,101 @@ def render_search_result(res: Any) -> None:
         out.print(f"the engine defaults failed ({res.baseline.reason}): any working "
                   "configuration is an improvement")
     out.print(f"profile: {res.profile_path}")
+
+
+class Status:
+    """A transient one-line status on stderr for long measurements."""
+
+    def __init__(self) -> None:
+        self.live = Live(Text(""), console=err, refresh_per_second=4, transient=True)
+        self.started = time.monotonic()
+
+    def __enter__(self) -> Status:
+        self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.stop()
+
+    def update(self, text: str) -> None:
+        self.live.update(Text(f"{text}  ({time.monotonic() - self.started:.0f} s)",
+                              style="dim"))
+
+
+def _summary_table(title: str, cols: list[tuple[str, dict[str, Any]]]) -> Table:
+    t = Table(title=title)
+    t.add_column("metric")
+    for name, _ in cols:
+        t.add_column(name)
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"),
+                       ("e2e_ms", "E2E")):
+        for p in ("mean", "p50", "p90", "p99"):
+            t.add_row(f"{label} {p} (ms)",
+                      *[_fmt((s.get(key) or {}).get(p)) for _, s in cols])
+    t.add_row("req/s", *[_fmt(s.get("request_throughput")) for _, s in cols])
+    t.add_row("output tok/s", *[_fmt(s.get("output_token_throughput")) for _, s in cols])
+    t.add_row("completed / failed",
+              *[f"{s.get('completed')} / {s.get('failed')}" for _, s in cols])
+    return t
+
+
+def render_bench(res: dict[str, Any]) -> None:
+    wl = res["workload"]
+    out.print(f"{', '.join(res['urls'])}  model {', '.join(res['models'])}  "
+              f"in {wl['input_len']} out {wl['output_len']}"
+              + (f"  SLO {', '.join(res['slo'])}" if res["slo"] else ""))
+    if "capacity" in res:
+        c = res["capacity"]
+        t = Table(title="capacity search")
+        for col in ("load", "ok", "why", "ttft_p99", "tpot_p99", "e2e_p99", "throughput"):
+            t.add_column(col)
+        for st in c["steps"]:
+            t.add_row(f"{st['load']:g}", "yes" if st["ok"] else "no", st["why"],
+                      *[_fmt(st.get(k)) for k in ("ttft_p99", "tpot_p99", "e2e_p99",
+                                                   "throughput")])
+        out.print(t)
+        if c.get("found"):
+            hi = c["bracket"][1]
+            out.print(f"capacity under SLO: {c['value']:.3g} {c.get('unit', '')} "
+                      f"(bracket {c['bracket'][0]:.3g} .. "
+                      f"{'open' if hi is None else format(hi, '.3g')}; re-measured OK)")
+        else:
+            out.print(Text(f"no capacity found: {c.get('reason', 'last re-measure failed')}",
+                           style="red"))
+        return
+    if "repeats" in res:
+        t = Table(title=f"{len(res['runs'][0])} runs: median [95% CI]")
+        t.add_column("metric")
+        for agg in res["repeats"]:
+            t.add_column(agg["url"])
+        if "comparison" in res:
+            t.add_column("ratio 2nd/1st [95% CI]")
+        from qtune.bench import KEY_METRICS
+
+        for m in KEY_METRICS:
+            cells = []
+            for agg in res["repeats"]:
+                a = agg.get(m)
+                ci = a and a["ci95"]
+                cells.append("-" if not a else f"{_fmt(a['median'])}"
+                             + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else ""))
+            if "comparison" in res:
+                c = res["comparison"].get(m)
+                cells.append("-" if not c else f"{c['ratio']:.3f}" + (
+                    f" [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}]" if c["ci95"] else ""))
+            t.add_row(m, *cells)
+        out.print(t)
+        return
+    out.print(_summary_table("measurement", [("", res)]))
+    if res.get("goodput"):
+        g = res["goodput"]
+        out.print(f"goodput: {g['good_share']:.1%} of requests met every per-request "
+                  f"limit; {g['request_goodput']:.2f} good req/s; percentile SLOs "
+                  + ("met" if g["slo_met"] else "MISSED"))
+    if res.get("server"):
+        sv = res["server"]
+        hit = sv["prefix_cache_hit_rate"]
+        out.print(f"server: {sv['preemptions']} preemptions, KV cache peak "
+                  f"{_fmt((sv['kv_cache_usage_peak'] or 0) * 100)}%, waiting peak "
+                  f"{_fmt(sv['waiting_peak'])}, prefix-cache hit rate "
+                  + ("-" if hit is None else f"{hit:.1%}"))

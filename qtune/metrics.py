@@ -71,3 +71,51 @@ def metric_value(summary: dict[str, Any], name: str) -> float | None:
     if not stats or pct not in stats:
         return None
     return float(stats[pct])
+
+
+# Per-request limits checkable on one request (vLLM's --goodput keys).
+_PER_REQUEST = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e"}
+
+
+def goodput(
+    samples: list[RequestSample], duration: float, slos: list[Any],
+    summary: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Share of requests meeting every per-request limit, request goodput
+    (good requests per second) and whether the run met the percentile SLOs.
+
+    ``ttft_p99<=200ms`` gives the per-request limit ttft ≤ 200 ms, as
+    ``vllm bench serve --goodput ttft:200`` does; ITL and throughput SLOs are
+    run-level only.  A failed request is never good.
+    """
+    limits: dict[str, float] = {}
+    for slo in slos:
+        base = slo.metric.rpartition("_")[0]
+        if base in _PER_REQUEST and slo.op == "<=":
+            limits[base] = min(limits.get(base, float("inf")), slo.limit / 1000.0)
+
+    def good(s: RequestSample) -> bool:
+        if not s.ok:
+            return False
+        for base, lim in limits.items():
+            v = s.ttft if base == "ttft" else s.e2e if base == "e2e" else s.tpot
+            if base == "tpot" and v is None:
+                v = 0.0  # one output token: no decode time (vLLM's convention)
+            if v is None or v > lim:
+                return False
+        return True
+
+    n_good = sum(1 for s in samples if good(s))
+    summary = summary if summary is not None else summarize(samples, duration)
+    checks = {}
+    for slo in slos:
+        v = metric_value(summary, slo.metric)
+        checks[str(slo)] = {"value": v, "met": slo.violation(v) <= 0}
+    return {
+        "per_request_limits_ms": {k: v * 1000.0 for k, v in limits.items()},
+        "good_requests": n_good,
+        "good_share": n_good / len(samples) if samples else 0.0,
+        "request_goodput": n_good / duration if duration > 0 else 0.0,
+        "slo_met": all(c["met"] for c in checks.values()),
+        "checks": checks,
+    }

@@ -269,6 +269,12 @@ def install_signal_handlers() -> None:
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
+    # Python leaves SIGINT ignored when it started ignored (a background job
+    # of a non-interactive shell, or its children): Ctrl-C must still work.
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    except (ValueError, OSError):
+        pass
     for sig in (signal.SIGTERM, signal.SIGHUP):
         try:
             signal.signal(sig, handler)

@@ -130,6 +130,9 @@ def classify_by_patterns(
             start = log_text.rfind("\n", 0, m.start()) + 1
             end = log_text.find("\n", m.end())
             line = log_text[start : end if end >= 0 else None].strip()
-            return Failure(reason, line[-400:])
+            # "(EngineCore pid=1) ERROR 11-29 23:53:35 [core.py:1510] msg" → msg
+            line = re.sub(r"^\([^)]*\)\s+[A-Z]+\s+[\d-]+\s+[\d:]+\s+\[[^\]]*\]\s*",
+                          "", line)
+            return Failure(reason, line[:400])
     lines = [ln for ln in log_text.strip().splitlines() if ln.strip()]
     return Failure(default, lines[-1][-400:] if lines else "no output")

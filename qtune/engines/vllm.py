@@ -33,6 +33,7 @@ _FAILURES: list[tuple[str, str]] = [
     (r"No available memory for the cache blocks", "oom"),
     (r"To serve at least one request with the model's max seq len", "oom"),
     (r"less than desired (?:GPU|CPU) memory utilization", "oom"),
+    (r"Available memory on node .* less than requested memory", "oom"),
     (r"(?:CUDA )?[Oo]ut of memory", "oom"),
     (r"Cannot allocate memory|MemoryError", "oom"),
     (r"ValidationError|validation error for", "invalid_config"),

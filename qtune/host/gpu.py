@@ -166,7 +166,7 @@ def record_nvml(nvml: Any = None) -> dict[str, Any]:
         if isinstance(v, bytes):
             return v.decode()
         if hasattr(v, "_fields_"):
-            return {f[0]: val(lambda: getattr(v, f[0])) for f in v._fields_}
+            return {f[0]: val(lambda f=f: getattr(v, f[0])) for f in v._fields_}
         if isinstance(v, (list, tuple)):
             return list(v)
         return v

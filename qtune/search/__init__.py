@@ -17,7 +17,6 @@ can teach is always recorded:
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import math
 import re
@@ -40,8 +39,7 @@ from qtune.engines import get_engine
 from qtune.engines.base import Engine, Param, SpaceContext
 from qtune.errors import EngineError, InputError, ServerError, StudyError
 from qtune.host import HostFacts, probe
-from qtune.load import run_load
-from qtune.metrics import metric_value, summarize
+from qtune.metrics import metric_value
 from qtune.model import ModelInfo, resolve_model
 from qtune.profile import EngineInfo, Profile, StudyRef
 from qtune.search.config import (
@@ -155,14 +153,19 @@ def prepare(cfg: TuneConfig) -> Prepared:
     engine = get_engine(cfg.engine)
     override = load_space_file(cfg.space_file) if cfg.space_file else None
     model = resolve_model(cfg.model)
-    need = cfg.workload.input_len + cfg.workload.output_len
+    need = cfg.workload.max_total_len
     mml = cfg.max_model_len or model.max_context
-    if need > mml:
+    if cfg.workload.dataset is None and need > mml:
         raise InputError(
-            f"--input-len + --output-len = {need} exceeds the model's context "
-            f"length {mml}",
+            f"the longest request (prefix + --input-len + --output-len = {need} "
+            f"tokens) exceeds the model's context length {mml}",
             hint="shorten the workload or raise --max-model-len",
         )
+    if cfg.objective in ("goodput", "capacity") and not [
+        s for s in cfg.slo if s.metric != "throughput"
+    ]:
+        raise InputError(f"--objective {cfg.objective} needs a latency --slo",
+                         hint="e.g. --slo 'ttft_p99<=500ms,tpot_p99<=50ms'")
     host = probe(engine_python=cfg.engine_python)
     install = host.engines.get(cfg.engine)
     if install is None:
@@ -412,17 +415,7 @@ def _run_trial_inner(
                 )
                 reporter.trial_phase(n, "measuring", cfg.workload.mode)
                 m0 = time.monotonic()
-
-                def progress(phase: str, done: int, total: int | None) -> None:
-                    reporter.trial_phase(
-                        n, phase, f"{done}/{total}" if total else f"{done}"
-                    )
-
-                result = asyncio.run(
-                    run_load(spec.base_url, spec.served_model, cfg.workload,
-                             tokenizer=prep.ctx.model.tokenizer_dir,
-                             progress=progress)
-                )
+                summary = _measure(prep, spec, n, reporter)
                 rec.measure_s = time.monotonic() - m0
                 # A server that died under load is a failed config, not a
                 # slow one: check before trusting the numbers.
@@ -441,11 +434,9 @@ def _run_trial_inner(
             study.tell(trial, state=TrialState.PRUNED)
             reporter.trial_done(rec, _best(study))
             return
-    summary = summarize(result.samples, result.duration)
-    summary["warmup_requests"] = len(result.warmup)
     rec.summary = summary
     rec.total_s = time.monotonic() - t0
-    value = metric_value(summary, cfg.objective)
+    value = objective_value(summary, cfg.objective)
     failed = summary["failed"]
     trial.set_constraint("failed_requests", float(failed))
     for slo in cfg.slo:
@@ -459,6 +450,50 @@ def _run_trial_inner(
     study.tell(trial, value)
     rec.feasible = _feasible(study.get_trials(deepcopy=False)[n])
     reporter.trial_done(rec, _best(study))
+
+
+def objective_value(summary: dict[str, Any], objective: str) -> float | None:
+    if objective == "goodput":
+        return (summary.get("goodput") or {}).get("request_goodput")
+    if objective == "capacity":
+        cap = summary.get("capacity") or {}
+        return float(cap["value"]) if cap.get("found") else 0.0
+    return metric_value(summary, objective)
+
+
+def _measure(prep: Prepared, spec: Any, n: int, reporter: Reporter) -> dict[str, Any]:
+    """One trial's measurement on a ready server: the workload once, or a
+    capacity search on this one server for ``--objective capacity``."""
+    from qtune.bench import BenchConfig, find_capacity, measure
+
+    cfg = prep.cfg
+    bcfg = BenchConfig(urls=[spec.base_url], workload=cfg.workload,
+                       model=spec.served_model, tokenizer=prep.ctx.model.tokenizer_dir,
+                       slo=cfg.slo)
+
+    def progress(text: str) -> None:
+        reporter.trial_phase(n, "measuring", text)
+
+    if cfg.objective == "capacity":
+        cap = find_capacity(spec.base_url, spec.served_model, bcfg, progress)
+        # Report the re-measured run at the capacity as the trial's summary.
+        summary = measure(spec.base_url, spec.served_model,
+                          _at_load(cfg.workload, cap.get("value")), bcfg,
+                          progress=progress)
+        summary["capacity"] = cap
+        return summary
+    return measure(spec.base_url, spec.served_model, cfg.workload, bcfg,
+                   progress=progress)
+
+
+def _at_load(wl: Any, value: float | None) -> Any:
+    import dataclasses
+
+    if value is None:
+        return wl
+    if wl.concurrency is not None:
+        return dataclasses.replace(wl, concurrency=int(value))
+    return dataclasses.replace(wl, rate=value)
 
 
 def _short(params: dict[str, Any]) -> str:
@@ -490,7 +525,7 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     profile = path = None
     if best is not None:
         profile = build_profile(prep, study, best, baseline, len(trials))
-        path = cfg.out or (cfg.profiles_dir / f"{prep.study_name}.yaml")
+        path = (cfg.out or (cfg.profiles_dir / f"{prep.study_name}.yaml")).resolve()
         profile.save(path)
     return TuneResult(prep.study_name, prep.storage_url, best, baseline, trials,
                       path, profile, improvement)
@@ -560,7 +595,7 @@ def build_profile(
                        if prep.direction == "minimize" else best.value / baseline.value)
     return Profile(
         name=prep.study_name,
-        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         qtune_version=__version__,
         engine=EngineInfo(name=prep.ctx.install.name, version=prep.ctx.install.version,
                           build=prep.ctx.install.build),

@@ -25,6 +25,8 @@ OBJECTIVES = {
     "tpot_p50": "minimize",
     "throughput": "maximize",
     "output_throughput": "maximize",
+    "goodput": "maximize",  # good requests/s under --slo
+    "capacity": "maximize",  # highest rate meeting --slo (one server per trial)
 }
 _SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
 

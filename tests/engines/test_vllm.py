@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from qtune.engines import ENGINES, get_engine
 from qtune.engines.vllm import VLLM, to_flag
-from tests.conftest import FIX
-
-import pytest
 from qtune.errors import InputError
+from tests.conftest import FIX
 
 
 def test_get_engine_lists_choices():
@@ -87,6 +87,7 @@ def test_baseline_adjusts_kv_only_when_defaults_cannot_fit(cpu_ctx):
     ("text", "reason"),
     [
         ((FIX / "vllm-logs" / "cpu-memory-utilization.log").read_text(), "oom"),
+        ((FIX / "vllm-logs" / "cpu-kv-space-too-large.log").read_text(), "oom"),
         ("pydantic_core._pydantic_core.ValidationError: 1 validation error for "
          "SchedulerConfig\n  Value error, max_num_batched_tokens (64) must be greater "
          "than or equal to max_num_seqs (128).", "invalid_config"),

@@ -22,7 +22,6 @@ import pytest
 
 from qtune.host import cpu_binding, probe
 from qtune.host.gpu import read_gpus, record_nvml
-
 from tests.conftest import FIX, NoNVML
 from tests.host.nvml_replay import NVMLError, ReplayNVML
 

@@ -24,7 +24,6 @@ from qtune.host.sysfs import (
     read_numa,
     read_thp,
 )
-
 from tests.conftest import FIX, NoNVML
 
 EPYC = FIX / "hosts" / "epyc-2c-1node"

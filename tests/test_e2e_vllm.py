@@ -1,0 +1,147 @@
+"""End to end against a real vLLM (the CPU build here), as a user runs it.
+
+Each trial starts a real server (~35 s on 2 cores with --enforce-eager), so
+these tests are few and their loads short.  They skip when vLLM is not
+installed, unless QTUNE_REQUIRE_VLLM=1 (set by .ci/run) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from qtune.profile import Profile
+
+ROOT = Path(__file__).parent.parent
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+if not HAVE_VLLM and os.environ.get("QTUNE_REQUIRE_VLLM") == "1":
+    raise RuntimeError("QTUNE_REQUIRE_VLLM=1 but vLLM is not importable")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not HAVE_VLLM, reason="vLLM not installed"),
+]
+
+# Every process a test starts carries this mark in its environment, so the
+# checks below see only this run's servers, not another vLLM on the machine.
+MARK = f"qtune-e2e-{os.getpid()}"
+
+LOAD = ["--concurrency", "4", "--requests", "24", "--warmup", "4",
+        "--input-len", "128", "--output-len", "32"]
+
+
+def qtune(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", "QTUNE_TEST_MARK": MARK}
+    return subprocess.run([sys.executable, "-m", "qtune", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def vllm_servers() -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        # The server and its engine processes (which rename themselves);
+        # not qtune's own probe, whose inline script mentions vllm.
+        if not any(k in cmd for k in ("vllm.entrypoints", "EngineCore", "VLLM::")):
+            continue
+        try:
+            if p.environ().get("QTUNE_TEST_MARK") == MARK:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def wait_gone(timeout: float = 40) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while (left := vllm_servers()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def test_search_profile_emit_and_resume(tmp_path):
+    r = qtune("search", "--trials", "3", "--study", "e2e", "--json", *LOAD, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    launched = [t for t in res["trials"] if t["status"] != "invalid"]
+    assert len(launched) == 3
+    assert launched[0]["baseline"] and launched[0]["status"] == "ok"
+    ok = [t for t in launched if t["status"] == "ok"]
+    for t in ok:
+        s = t["summary"]
+        assert s["completed"] == 24 and s["failed"] == 0
+        assert s["e2e_ms"]["p99"] >= s["e2e_ms"]["p50"] > 0
+        assert s["ttft_ms"]["p50"] > 0 and s["tpot_ms"]["p50"] > 0
+        assert Path(t["log"]).is_file()
+    profile = Profile.load(Path(res["profile"]))
+    assert profile.engine.name == "vllm" and profile.engine.build == "cpu"
+    assert profile.metrics["baseline"]["trial"] == 0
+    assert profile.metrics["objective"]["best"] <= profile.metrics["objective"]["baseline"]
+    assert "--port" in profile.argv and profile.model["load_format"] == "dummy"
+    assert (tmp_path / "studies" / "e2e" / "trials.csv").is_file()
+    assert wait_gone(10) == []
+
+    unit = tmp_path / "qtune-e2e.service"
+    r = qtune("emit", res["profile"], "--format", "systemd", "-o", str(unit), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    if shutil.which("systemd-analyze"):
+        v = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no",
+                            str(unit)], capture_output=True, text=True)
+        assert v.returncode == 0 and unit.name not in v.stderr, v.stderr
+
+    # Resume: one more launch, no second baseline.
+    r = qtune("search", "--trials", "4", "--study", "e2e", "--json", *LOAD, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res2 = json.loads(r.stdout)
+    launched2 = [t for t in res2["trials"] if t["status"] != "invalid"]
+    assert len(launched2) == 4
+    assert sum(t["baseline"] for t in res2["trials"]) == 1
+    assert wait_gone(10) == []
+
+
+def test_startup_failure_is_recorded_and_the_study_goes_on(tmp_path):
+    # A KV cache far larger than the host: every tuned trial must fail to
+    # start, while the baseline (engine defaults) runs.
+    (tmp_path / "space.yaml").write_text("VLLM_CPU_KVCACHE_SPACE: [100000]\n")
+    r = qtune("search", "--trials", "2", "--space", "space.yaml", "--json", *LOAD,
+              cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    failed = [t for t in res["trials"] if t["status"] == "startup_failed"]
+    assert failed and all(t["reason"] == "oom" for t in failed), res["trials"]
+    assert res["best"]["baseline"]
+    assert wait_gone(10) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_no_server_outlives_qtune(tmp_path, sig):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "QTUNE_TEST_MARK": MARK}
+    p = subprocess.Popen([sys.executable, "-m", "qtune", "search", "--trials", "2",
+                          "--study", "sig", *LOAD], cwd=tmp_path, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not vllm_servers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert vllm_servers(), "no server started"
+    time.sleep(3)  # mid-startup
+    p.send_signal(sig)
+    rc = p.wait(timeout=60)
+    assert wait_gone(40) == []
+    if sig == signal.SIGINT:
+        assert rc == 130
+        assert "Traceback" not in p.stderr.read()
+        # The interrupted trial is closed, so a resume does not see it RUNNING.
+        r = qtune("search", "--trials", "1", "--study", "sig", "--json", *LOAD,
+                  cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        states = [t["status"] for t in json.loads(r.stdout)["trials"]]
+        assert "ok" in states
