@@ -1,0 +1,149 @@
+"""Helpers shared by the benchmark scripts (not part of qtune)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+
+import numpy as np
+
+AGREEMENT = 0.05  # |qtune/vllm - 1| within this is "agreement"
+
+
+def other_vllm_servers(own: Iterable[int] = ()) -> list[int]:
+    """PIDs of vLLM API servers that are not ours (``pgrep -f vllm.entrypoints``)."""
+    res = subprocess.run(
+        ["pgrep", "-f", "vllm.entrypoints"], capture_output=True, text=True
+    )
+    skip = set(own) | {os.getpid()}
+    return [int(p) for p in res.stdout.split() if int(p) not in skip]
+
+
+def wait_until_alone(own: Iterable[int] = (), timeout: float = 1800.0) -> float:
+    """Block until no other vLLM server runs; returns seconds waited."""
+    own = set(own)
+    t0 = time.monotonic()
+    said = False
+    while pids := other_vllm_servers(own):
+        if time.monotonic() - t0 > timeout:
+            sys.exit(f"another vLLM server still runs after {timeout:.0f} s: {pids}")
+        if not said:
+            print(f"  waiting: another vLLM server runs (pids {pids}) ...", flush=True)
+            said = True
+        time.sleep(5)
+    waited = time.monotonic() - t0
+    if said:
+        print(f"  ... free after {waited:.0f} s", flush=True)
+    return waited
+
+
+def pct(values: Iterable[float], p: float) -> float | None:
+    arr = np.fromiter(values, dtype=float)
+    return float(np.percentile(arr, p)) if arr.size else None
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def fmt(v: float | None, nd: int = 2) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def verdict(r: float | None, tol: float = AGREEMENT) -> str:
+    if r is None:
+        return "n/a"
+    return "agree" if abs(r - 1.0) <= tol else f"DIFF {100 * (r - 1):+.1f}%"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    line = lambda r: "  ".join(  # noqa: E731
+        str(c).ljust(w) if i == 0 else str(c).rjust(w)
+        for i, (c, w) in enumerate(zip(r, widths))
+    )
+    out = [line(headers), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in rows]
+    return "\n".join(out)
+
+
+class Monitor:
+    """Watches one measurement run for interference.
+
+    ``intruders``: other vLLM API servers seen while the run went (polled
+    every ``every`` s).  ``foreign_cpu``: CPU-seconds the machine spent
+    outside this process and the process trees in ``own_roots`` during the
+    run, as a share of wall time times cores.
+    """
+
+    def __init__(self, own_roots: Iterable[int] = (), every: float = 1.0) -> None:
+        import threading
+
+        self.own_roots = list(own_roots)
+        self.every = every
+        self.intruders: set[int] = set()
+        self.foreign_cpu = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _own_procs(self):
+        import psutil
+
+        procs = [psutil.Process()]
+        for pid in self.own_roots:
+            try:
+                root = psutil.Process(pid)
+                procs += [root] + root.children(recursive=True)
+            except psutil.Error:
+                pass
+        return procs
+
+    def _own_cpu(self) -> float:
+        import psutil
+
+        tot = 0.0
+        for p in self._own_procs():
+            try:
+                t = p.cpu_times()
+                tot += t.user + t.system
+                if p.pid == os.getpid():  # our reaped children (pgrep polls)
+                    tot += t.children_user + t.children_system
+            except psutil.Error:
+                pass
+        return tot
+
+    @staticmethod
+    def _busy() -> float:
+        import psutil
+
+        t = psutil.cpu_times()
+        return t.user + t.nice + t.system + t.irq + t.softirq + getattr(t, "steal", 0.0)
+
+    def _poll(self) -> None:
+        own = {p.pid for p in self._own_procs()}
+        while not self._stop.wait(self.every):
+            self.intruders.update(other_vllm_servers(own))
+
+    def __enter__(self) -> Monitor:
+        self._t0 = time.monotonic()
+        self._busy0, self._own0 = self._busy(), self._own_cpu()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        wall = time.monotonic() - self._t0
+        foreign = (self._busy() - self._busy0) - (self._own_cpu() - self._own0)
+        self.foreign_cpu = max(0.0, foreign) / max(1e-9, wall * (os.cpu_count() or 1))
