@@ -177,6 +177,10 @@ def search(
     startup_timeout: Annotated[
         float, typer.Option(help="Seconds a server may take to become ready.")
     ] = 600.0,
+    sampler: Annotated[str, typer.Option(
+        help="tpe | gp | random | grid | nsga2")] = "tpe",
+    time_budget: Annotated[float | None, typer.Option(
+        help="Minutes for the whole study; no trial starts that would not fit.")] = None,
     json_out: JsonOut = False,
 ) -> None:
     """Tune the engine's launch flags against a live load; write a profile."""
@@ -192,7 +196,8 @@ def search(
                      trials=trials, workload=wl, objective=objective,
                      slo=parse_slo(slo), space_file=space, study=study,
                      storage=storage, out=out, max_model_len=max_model_len,
-                     startup_timeout=startup_timeout, seed=wl.seed)
+                     startup_timeout=startup_timeout, seed=wl.seed, sampler=sampler,
+                     time_budget=time_budget * 60 if time_budget else None)
     prep = prepare(cfg)
     with console.SearchReporter(objective) as rep:
         res = run_study(prep, rep)

@@ -179,7 +179,8 @@ def _info(path: Path, served: str, source: str, hf_id: str | None) -> ModelInfo:
             hint="the file must be the model's JSON config",
         ) from None
     if not isinstance(config, dict):
-        raise ModelError(f"{path / 'config.json'} is not a JSON object")
+        raise ModelError(f"{path / 'config.json'} is not a JSON object",
+                         hint="config.json must be the model's Hugging Face config")
     has_weights = any(
         f.name.endswith(_WEIGHT_SUFFIXES) for f in path.iterdir() if f.is_file()
     )

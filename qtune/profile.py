@@ -100,9 +100,11 @@ class Profile(_Strict):
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" (line {mark.line + 1})" if mark else ""
-            raise ProfileError(f"profile {path} is not valid YAML{where}") from None
+            raise ProfileError(f"profile {path} is not valid YAML{where}",
+                               hint="profiles are written by `qtune search`") from None
         if not isinstance(data, dict):
-            raise ProfileError(f"profile {path} is not a mapping")
+            raise ProfileError(f"profile {path} is not a mapping",
+                               hint="profiles are written by `qtune search`")
         try:
             return cls.model_validate(data)
         except ValidationError as exc:

@@ -44,6 +44,9 @@ def assert_clean_error(r: subprocess.CompletedProcess[str], needle: str) -> None
         (["--storage", "studies.db"], {}, "URL"),
         (["--input-len", "4000", "--output-len", "200"], {}, "context"),
         (["--rate", "2", "--concurrency", "2"], {}, "exclusive"),
+        (["--sampler", "cmaes"], {}, "sampler"),
+        (["--workload", "w.yaml"], {"w.yaml": "rate: [1\n"}, "YAML"),
+        (["--objective", "capacity"], {}, "--slo"),
     ],
 )
 def test_search_bad_input(tmp_path, args, files, needle):

@@ -42,7 +42,8 @@ def exec_word(word: str) -> str:
 def env_assignment(key: str, value: str) -> str:
     _reject_control(key + value, f"Environment {key}")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-        raise InputError(f"environment name {key!r} is not valid")
+        raise InputError(f"environment name {key!r} is not valid",
+                         hint="names are letters, digits and _, not starting with a digit")
     kv = f"{key}={value}".replace("%", "%%")
     if _NEEDS_QUOTES.search(kv):
         kv = '"' + kv.replace("\\", "\\\\").replace('"', '\\"') + '"'

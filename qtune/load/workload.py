@@ -105,17 +105,17 @@ class Workload:
         if self.rate is not None and self.rate <= 0:
             raise InputError("--rate must be positive", hint="requests per second")
         if self.concurrency is not None and self.concurrency < 1:
-            raise InputError("--concurrency must be at least 1")
+            raise InputError("--concurrency must be at least 1", hint="streams in flight")
         if self.requests is None and self.duration is None:
             raise InputError(
                 "the load needs a bound", hint="give --requests N or --duration S"
             )
         if self.requests is not None and self.requests < 1:
-            raise InputError("--requests must be at least 1")
+            raise InputError("--requests must be at least 1", hint="measured requests")
         if self.duration is not None and self.duration <= 0:
             raise InputError("--duration must be positive", hint="seconds")
         if self.warmup_requests < 0:
-            raise InputError("--warmup must be 0 or more")
+            raise InputError("--warmup must be 0 or more", hint="0 disables the warm-up")
         if self.arrival not in ("poisson", "constant"):
             raise InputError(f"--arrival: unknown {self.arrival!r}",
                              hint="poisson (with --burstiness) or constant")
@@ -173,11 +173,14 @@ def load_workload_file(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise InputError(f"--workload: cannot read {path}: {exc.strerror}") from None
+        raise InputError(f"--workload: cannot read {path}: {exc.strerror}",
+                         hint="give the path of a YAML workload file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise InputError(f"--workload: {path}{where} is not valid YAML") from None
+        raise InputError(f"--workload: {path}{where} is not valid YAML",
+                         hint="a mapping like 'rate: 4' / 'input_len: 128-512'; "
+                         "keys: " + ", ".join(Workload.keys())) from None
     if not isinstance(data, dict):
         raise InputError(f"--workload: {path} must be a mapping",
                          hint="keys: " + ", ".join(Workload.keys()))
@@ -312,7 +315,8 @@ def _load_dataset(path: Path) -> list[tuple[str, int | None]]:
         try:
             data = json.loads(text)
         except ValueError as exc:
-            raise InputError(f"{where}: not valid JSON ({exc})") from None
+            raise InputError(f"{where}: not valid JSON ({exc})",
+                         hint="ShareGPT JSON (a list of conversations) or JSONL") from None
         for conv in data:
             turns = conv.get("conversations") or conv.get("conversation") or []
             human = next((t.get("value") for t in turns

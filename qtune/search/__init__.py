@@ -151,6 +151,9 @@ def prepare(cfg: TuneConfig) -> Prepared:
     trial or file is created."""
     direction = check_objective(cfg.objective)
     engine = get_engine(cfg.engine)
+    if cfg.sampler not in SAMPLERS:
+        raise InputError(f"--sampler: unknown sampler {cfg.sampler!r}",
+                         hint="choose one of " + ", ".join(SAMPLERS))
     override = load_space_file(cfg.space_file) if cfg.space_file else None
     model = resolve_model(cfg.model)
     need = cfg.workload.max_total_len
@@ -185,6 +188,7 @@ def prepare(cfg: TuneConfig) -> Prepared:
     fixed: dict[str, Any] = {}
     if override is not None:
         params, fixed = apply_overrides(params, override)
+    make_sampler(cfg.sampler, params, cfg.seed, cfg.trials)  # fail before any file
     study_name = cfg.study or _default_study_name(model, cfg, host)
     storage_url, study_dir = _storage(cfg, study_name)
     return Prepared(cfg, host, engine, ctx, params, fixed, direction, study_name,
@@ -248,6 +252,59 @@ def distributions(params: list[Param]) -> dict[str, BaseDistribution]:
     return out
 
 
+SAMPLERS = ("tpe", "gp", "random", "grid", "nsga2")
+
+
+def make_sampler(
+    name: str, params: list[Param], seed: int, trials: int
+) -> optuna.samplers.BaseSampler:
+    """TPE by default (Optuna 5: multivariate, constant liar).  Few random
+    start-up trials: every trial costs a server start."""
+    startup = min(5, max(trials // 3, 1))
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, startup))
+    if name == "gp":
+        try:
+            import scipy  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError:
+            raise InputError("--sampler gp needs scipy and torch",
+                             hint="pip install scipy torch, or use --sampler tpe") from None
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
+    if name == "grid":
+        return optuna.samplers.GridSampler(grid_values(params), seed=seed)
+    raise InputError(f"--sampler: unknown sampler {name!r}",
+                     hint="choose one of " + ", ".join(SAMPLERS))
+
+
+def grid_values(params: list[Param]) -> dict[str, list[Any]]:
+    """A grid over the space: choices as they are, booleans both ways,
+    numeric ranges by powers of two (log) or five even steps."""
+    grid: dict[str, list[Any]] = {}
+    for p in params:
+        if p.kind == "bool":
+            grid[p.name] = [False, True]
+        elif p.kind == "choice":
+            grid[p.name] = list(p.choices)
+        elif p.kind == "int" and p.log:
+            vals, v = [], 1
+            while v <= p.high:  # type: ignore[operator]
+                if v >= p.low:  # type: ignore[operator]
+                    vals.append(v)
+                v *= 2
+            grid[p.name] = vals or [int(p.low)]  # type: ignore[arg-type]
+        else:
+            lo, hi = float(p.low), float(p.high)  # type: ignore[arg-type]
+            vals_f = [lo + (hi - lo) * i / 4 for i in range(5)]
+            grid[p.name] = sorted({int(round(v)) if p.kind == "int" else round(v, 3)
+                                   for v in vals_f})
+    return grid
+
+
 def tune(cfg: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
     prep = prepare(cfg)
     return run_study(prep, reporter or NullReporter())
@@ -262,9 +319,7 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
             study_name=prep.study_name,
             storage=storage,
             direction=prep.direction,
-            sampler=optuna.samplers.TPESampler(
-                seed=cfg.seed, n_startup_trials=min(5, max(cfg.trials // 3, 1))
-            ),
+            sampler=make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials),
             load_if_exists=True,
         )
     except ValueError as exc:
@@ -316,10 +371,18 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         _run_trial(prep, study, trial, {**base_params, **prep.fixed}, reporter)
 
     asks = 0
+    started = time.monotonic()
     while launched_count() < cfg.trials:
         asks += 1
         if asks > 50 * cfg.trials:
             break  # the space is almost all invalid; stop rather than spin
+        if cfg.time_budget is not None:
+            done = [t.user_attrs["total_s"] for t in study.get_trials(deepcopy=False)
+                    if t.user_attrs.get("total_s")]
+            typical = sum(done) / len(done) if done else 0.0
+            # Start a trial only if a typical one still fits in the budget.
+            if time.monotonic() - started + typical > cfg.time_budget:
+                break
         trial = study.ask(dists)
         params = {**trial.params, **prep.fixed}
         violations = prep.engine.check(params, prep.ctx)

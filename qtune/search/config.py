@@ -111,7 +111,8 @@ def load_space_file(path: Path) -> SpaceOverride:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise InputError(f"--space: cannot read {path}: {exc.strerror}") from None
+        raise InputError(f"--space: cannot read {path}: {exc.strerror}",
+                         hint="give the path of a YAML space file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -148,7 +149,7 @@ def apply_overrides(params: list[Param], ov: SpaceOverride) -> tuple[list[Param]
         where = f"--space {ov.source}: {name}"
         if isinstance(spec, list):
             if not spec:
-                raise InputError(f"{where}: empty list of choices")
+                raise InputError(f"{where}: empty list of choices", hint="list at least one value")
             for v in spec:
                 _check_value(p, v, where)
             out[name] = Param(name, "choice", choices=tuple(spec), target=p.target,
@@ -165,7 +166,7 @@ def apply_overrides(params: list[Param], ov: SpaceOverride) -> tuple[list[Param]
             for v in (low, high):
                 _check_value(p, v, where)
             if low > high:
-                raise InputError(f"{where}: low {low} > high {high}")
+                raise InputError(f"{where}: low {low} > high {high}", hint="swap them")
             out[name] = Param(
                 name, p.kind, low=low, high=high, log=bool(spec.get("log", p.log)),
                 step=spec.get("step", p.step), target=p.target, help=p.help,
@@ -208,3 +209,5 @@ class TuneConfig:
     max_model_len: int | None = None
     startup_timeout: float = 600.0
     seed: int = 0
+    sampler: str = "tpe"
+    time_budget: float | None = None  # seconds for the whole study

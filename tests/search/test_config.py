@@ -100,3 +100,21 @@ def test_space_file_errors(tmp_path):
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     assert load_space_file(empty).entries == {}
+
+
+def test_grid_values_cover_the_space():
+    from qtune.search import grid_values
+
+    g = grid_values(PARAMS + [Param("gpu_memory_utilization", "float", low=0.7, high=0.9)])
+    assert g["max_num_seqs"] == [4, 8, 16, 32, 64, 128, 256]
+    assert g["enable_prefix_caching"] == [False, True]
+    assert g["kv_cache_dtype"] == ["auto", "fp8"]
+    assert g["gpu_memory_utilization"] == [0.7, 0.75, 0.8, 0.85, 0.9]
+
+
+def test_unknown_sampler():
+    from qtune.search import make_sampler
+
+    with pytest.raises(InputError, match="sampler"):
+        make_sampler("cmaes", PARAMS, 0, 10)
+    assert make_sampler("grid", PARAMS, 0, 10) is not None
