@@ -281,6 +281,32 @@ def bench(
         console.render_bench(res)
 
 
+@app.command()
+def verify(
+    profile: Annotated[Path, typer.Argument(help="Profile YAML from qtune search.")],
+    against: Annotated[str, typer.Option(
+        help="'defaults' (the engine's own) or another profile's path.")] = "defaults",
+    repeat: Annotated[int, typer.Option(min=1, help="Starts of each side.")] = 3,
+    startup_timeout: Annotated[float, typer.Option(
+        help="Seconds a server may take to become ready.")] = 600.0,
+    json_out: JsonOut = False,
+) -> None:
+    """A/B a profile against the defaults with fresh starts, interleaved."""
+    from qtune import console
+    from qtune.profile import Profile
+    from qtune.verify import verify as do_verify
+
+    prof = Profile.load(profile)
+    other = None if against == "defaults" else Profile.load(Path(against))
+    with console.Status() as status:
+        res = do_verify(prof, other, repeat, progress=status.update,
+                        startup_timeout=startup_timeout)
+    if json_out:
+        _print_json(res)
+    else:
+        console.render_verify(res)
+
+
 def _bench_csv(res: dict[str, Any]) -> str:
     import pandas as pd
 

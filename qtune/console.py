@@ -307,3 +307,31 @@ def render_bench(res: dict[str, Any]) -> None:
                   f"{_fmt((sv['kv_cache_usage_peak'] or 0) * 100)}%, waiting peak "
                   f"{_fmt(sv['waiting_peak'])}, prefix-cache hit rate "
                   + ("-" if hit is None else f"{hit:.1%}"))
+
+
+def render_verify(res: dict[str, Any]) -> None:
+    other = res["against"]
+    t = Table(title=f"verify {res['profile']}: {res['repeats']} starts each, "
+                    f"median [95% CI]")
+    t.add_column("metric")
+    t.add_column("profile")
+    t.add_column(other)
+    t.add_column("gain (>1: profile better) [95% CI]")
+    for m, row in res["metrics"].items():
+        def cell(d: dict[str, Any]) -> str:
+            ci = d["ci95"]
+            return _fmt(d["median"]) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+
+        g = row["gain"]
+        gain = f"{g['ratio']:.2f}x" + (
+            f" [{g['ci95'][0]:.2f}, {g['ci95'][1]:.2f}]" if g["ci95"] else "")
+        t.add_row(m, cell(row["profile"]), cell(row[other]), gain)
+    out.print(t)
+    if res.get("note"):
+        out.print(f"note: {res['note']}")
+    g = res["metrics"].get(res["objective"], {}).get("gain")
+    if g and g["ci95"]:
+        verdict = ("confirmed" if g["ci95"][0] > 1 else
+                   "not confirmed (interval includes 1)" if g["ci95"][1] >= 1 else
+                   "REVERSED: the other side is better")
+        out.print(f"{res['objective']}: gain {g['ratio']:.2f}x, {verdict}")

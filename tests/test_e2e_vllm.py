@@ -98,6 +98,17 @@ def test_search_profile_emit_and_resume(tmp_path):
                             str(unit)], capture_output=True, text=True)
         assert v.returncode == 0 and unit.name not in v.stderr, v.stderr
 
+    # A/B against the engine defaults with fresh starts.
+    r = qtune("verify", res["profile"], "--repeat", "1", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    v = json.loads(r.stdout)
+    assert v["against"] == "defaults" and v["failed_requests"] == {"profile": 0,
+                                                                   "defaults": 0}
+    row = v["metrics"]["e2e_p99"]
+    assert row["gain"]["ratio"] == pytest.approx(
+        row["defaults"]["median"] / row["profile"]["median"])
+    assert wait_gone(10) == []
+
     # Resume: one more launch, no second baseline.
     r = qtune("search", "--trials", "4", "--study", "e2e", "--json", *LOAD, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]

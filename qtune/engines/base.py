@@ -28,7 +28,7 @@ class Param:
     environment variable of the server process."""
 
     name: str
-    kind: str  # "int" | "float" | "bool" | "choice"
+    kind: str  # "int" | "float" | "bool" | "choice" | "str" (fixed values only)
     low: float | None = None
     high: float | None = None
     log: bool = False
@@ -75,6 +75,9 @@ class SpaceContext:
     model: ModelInfo
     install: EngineInstall
     max_model_len: int | None = None  # explicit --max-model-len, if any
+    # The installed engine's own arguments ({dest: {flag, kind, default,
+    # choices}}), when they could be read; None means "use built-in facts".
+    engine_args: dict[str, Any] | None = None
 
     @property
     def effective_max_model_len(self) -> int:

@@ -139,6 +139,9 @@ class VLLM:
                     help="largest batch replayed from a CUDA graph",
                 )
             )
+        if ctx.engine_args is not None:
+            # A flag the installed vLLM lacks never appears.
+            params = [p for p in params if p.target == "env" or p.name in ctx.engine_args]
         return params
 
     @staticmethod
@@ -222,7 +225,7 @@ class VLLM:
             if (p is not None and p.target == "env") or name.isupper():
                 env[name] = str(value)
             else:
-                argv += to_flag(name, value)
+                argv += to_flag(name, value, (ctx.engine_args or {}).get(name))
         return LaunchSpec(
             argv=tuple(argv),
             env=env,
@@ -236,10 +239,13 @@ class VLLM:
         return classify_by_patterns(log_text, _FAILURES)
 
 
-def to_flag(name: str, value: Any) -> list[str]:
-    flag = "--" + name.replace("_", "-")
+def to_flag(name: str, value: Any, info: dict[str, Any] | None = None) -> list[str]:
+    """``info`` is the installed vLLM's description of the flag, if known."""
+    flag = info["flag"] if info else "--" + name.replace("_", "-")
+    if info and info["kind"] == "flag":  # store_true: only the positive form
+        return [flag] if value else []
     if isinstance(value, bool):
-        return [flag] if value else ["--no-" + name.replace("_", "-")]
+        return [flag] if value else ["--no-" + flag[2:]]
     return [flag, str(value)]
 
 

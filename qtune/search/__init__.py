@@ -183,11 +183,16 @@ def prepare(cfg: TuneConfig) -> Prepared:
             f"vLLM {install.version} is a CUDA build but no NVIDIA GPU is visible",
             hint=host.gpu.note or "install the CPU build: pip install 'qtune[cpu]'",
         )
-    ctx = SpaceContext(host, model, install, cfg.max_model_len)
+    engine_args = None
+    if cfg.engine == "vllm":
+        from qtune.engines.vllm_args import engine_args as read_args
+
+        engine_args = read_args(install)
+    ctx = SpaceContext(host, model, install, cfg.max_model_len, engine_args)
     params = engine.space(ctx)
     fixed: dict[str, Any] = {}
     if override is not None:
-        params, fixed = apply_overrides(params, override)
+        params, fixed = apply_overrides(params, override, engine_args)
     make_sampler(cfg.sampler, params, cfg.seed, cfg.trials)  # fail before any file
     study_name = cfg.study or _default_study_name(model, cfg, host)
     storage_url, study_dir = _storage(cfg, study_name)

@@ -131,21 +131,37 @@ def load_space_file(path: Path) -> SpaceOverride:
     return SpaceOverride(data, str(path))
 
 
-def apply_overrides(params: list[Param], ov: SpaceOverride) -> tuple[list[Param], dict[str, Any]]:
-    """Return (tunable params, fixed values).  Unknown names fail with the
-    nearest valid names."""
+def apply_overrides(
+    params: list[Param], ov: SpaceOverride, extra: dict[str, Any] | None = None
+) -> tuple[list[Param], dict[str, Any]]:
+    """Return (tunable params, fixed values).  ``extra`` describes the
+    installed engine's other flags ({dest: {kind, choices, ...}}): a space file
+    may tune or fix any of them.  Unknown names fail with the nearest names."""
     by_name = {p.name: p for p in params}
+    known = dict(by_name)
+    for name, info in (extra or {}).items():
+        if name not in known:
+            kind = {"bool": "bool", "flag": "bool", "int": "int", "float": "float",
+                    "choice": "choice"}.get(info.get("kind"), "str")
+            if kind in ("int", "float"):
+                known[name] = Param(name, kind, low=0, high=2**62)
+            elif kind == "choice":
+                known[name] = Param(name, "choice", choices=tuple(info["choices"]))
+            elif kind == "bool":
+                known[name] = Param(name, "bool")
+            else:
+                known[name] = Param(name, "str")
     fixed: dict[str, Any] = {}
     out = dict(by_name)
     for name, spec in ov.entries.items():
-        if name not in by_name:
-            close = difflib.get_close_matches(str(name), by_name, n=3, cutoff=0.5)
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.5)
             raise InputError(
                 f"--space {ov.source}: unknown parameter {name!r}",
                 hint=("did you mean " + ", ".join(close) + "? " if close else "")
-                + "tunable here: " + ", ".join(sorted(by_name)),
+                + "tuned by default: " + ", ".join(sorted(by_name)),
             )
-        p = by_name[name]
+        p = known[name]
         where = f"--space {ov.source}: {name}"
         if isinstance(spec, list):
             if not spec:
@@ -155,12 +171,16 @@ def apply_overrides(params: list[Param], ov: SpaceOverride) -> tuple[list[Param]
             out[name] = Param(name, "choice", choices=tuple(spec), target=p.target,
                               help=p.help)
         elif isinstance(spec, dict):
-            extra = set(spec) - {"low", "high", "log", "step"}
-            if extra or p.kind not in ("int", "float"):
+            extra_keys = set(spec) - {"low", "high", "log", "step"}
+            if extra_keys or p.kind not in ("int", "float"):
                 raise InputError(
                     f"{where}: a range takes low/high/log/step on a numeric parameter",
-                    hint=f"{name} is {p.kind}" + (f"; unknown keys {sorted(extra)}" if extra else ""),
+                    hint=f"{name} is {p.kind}"
+                    + (f"; unknown keys {sorted(extra_keys)}" if extra_keys else ""),
                 )
+            if name not in by_name and ("low" not in spec or "high" not in spec):
+                raise InputError(f"{where}: give both low and high",
+                                 hint=f"{name} is not tuned by default, so it has no range")
             low = spec.get("low", p.low)
             high = spec.get("high", p.high)
             for v in (low, high):
@@ -174,19 +194,20 @@ def apply_overrides(params: list[Param], ov: SpaceOverride) -> tuple[list[Param]
         else:
             _check_value(p, spec, where)
             fixed[name] = spec
-            del out[name]
+            out.pop(name, None)
     return list(out.values()), fixed
 
 
 def _check_value(p: Param, v: Any, where: str) -> None:
     ok = {
+        "str": isinstance(v, (str, int, float)) and not isinstance(v, bool),
         "int": isinstance(v, int) and not isinstance(v, bool),
         "float": isinstance(v, (int, float)) and not isinstance(v, bool),
         "bool": isinstance(v, bool),
         "choice": v in p.choices,
     }[p.kind]
     if not ok:
-        want = {"int": "an integer", "float": "a number", "bool": "true or false",
+        want = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
                 "choice": "one of " + ", ".join(map(str, p.choices))}[p.kind]
         raise InputError(f"{where}: {v!r} is not valid", hint=f"{p.name} takes {want}")
 

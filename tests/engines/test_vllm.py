@@ -116,3 +116,39 @@ def test_every_engine_builds_a_spec_for_each_space_param(cpu_ctx):
         joined = " ".join(spec.argv) + " " + " ".join(spec.env)
         for name in params:
             assert name in spec.env or "--" + name.replace("_", "-") in joined
+
+
+ARGS = __import__("json").loads((FIX / "vllm-0.32.0-cpu-engine-args.json").read_text())
+
+
+def test_space_keeps_only_flags_the_installed_vllm_has(cpu_ctx):
+    ctx = dataclasses.replace(cpu_ctx, engine_args=ARGS)
+    assert {p.name for p in VLLM().space(ctx)} == {p.name for p in VLLM().space(cpu_ctx)}
+    older = {k: v for k, v in ARGS.items() if k != "enable_prefix_caching"}
+    ctx = dataclasses.replace(cpu_ctx, engine_args=older)
+    assert "enable_prefix_caching" not in {p.name for p in VLLM().space(ctx)}
+
+
+def test_space_file_can_tune_any_engine_flag(cpu_ctx):
+    from qtune.search.config import SpaceOverride, apply_overrides
+
+    ctx = dataclasses.replace(cpu_ctx, engine_args=ARGS)
+    params, fixed = apply_overrides(VLLM().space(ctx), SpaceOverride(
+        {"block_size": [64, 128], "scheduling_policy": "priority",
+         "enforce_eager": True}, "s.yaml"), ARGS)
+    by = {p.name: p for p in params}
+    assert by["block_size"].choices == (64, 128)
+    assert fixed == {"scheduling_policy": "priority", "enforce_eager": True}
+    spec = VLLM().launch_spec({"block_size": 64, **fixed}, ctx, host="h", port=1)
+    argv = list(spec.argv)
+    assert argv[argv.index("--block-size") + 1] == "64"
+    assert argv[argv.index("--scheduling-policy") + 1] == "priority"
+    with pytest.raises(InputError) as e:
+        apply_overrides(VLLM().space(ctx), SpaceOverride({"blok_size": 8}, "s.yaml"), ARGS)
+    assert "block_size" in e.value.hint
+    with pytest.raises(InputError, match="low and high"):
+        apply_overrides(VLLM().space(ctx), SpaceOverride({"block_size": {"low": 8}},
+                                                         "s.yaml"), ARGS)
+    with pytest.raises(InputError):
+        apply_overrides(VLLM().space(ctx), SpaceOverride({"kv_cache_dtype": "fp9"},
+                                                         "s.yaml"), ARGS)

@@ -1,0 +1,79 @@
+"""vLLM's own engine arguments, read from the installed vLLM.
+
+The argparse actions that ``EngineArgs.add_cli_args`` creates give every
+flag's name, type, choices and default for *that* version (0.32 has 250), so
+the space never offers a flag the installed vLLM lacks, and a ``--space``
+file can tune any flag a newer vLLM adds.  Importing vLLM takes 10-20 s, so
+the answer is cached per version and build.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from qtune.host.installed import EngineInstall
+from qtune.model import cache_dir
+
+_SCRIPT = r"""
+import argparse, json, sys
+from vllm.engine.arg_utils import EngineArgs
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:
+    from vllm.utils import FlexibleArgumentParser
+p = FlexibleArgumentParser()
+EngineArgs.add_cli_args(p)
+out = {}
+for a in p._actions:
+    if not a.option_strings or a.dest in ("help",):
+        continue
+    t = getattr(a.type, "__name__", None)
+    if isinstance(a, argparse.BooleanOptionalAction):
+        kind = "bool"
+    elif isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        kind = "flag"
+    elif a.choices:
+        kind = "choice"
+    elif t in ("int", "human_readable_int"):
+        kind = "int"
+    elif t == "float":
+        kind = "float"
+    else:
+        kind = "str"
+    default = a.default if isinstance(a.default, (int, float, str, bool, type(None))) else None
+    out[a.dest] = {"flag": a.option_strings[0], "kind": kind, "default": default,
+                   "choices": [c for c in a.choices] if a.choices else None,
+                   "nargs": a.nargs if isinstance(a.nargs, (int, str, type(None))) else None}
+print("QTUNE-ARGS" + json.dumps(out, default=str))
+"""
+
+
+def engine_args(install: EngineInstall, timeout: float = 180.0) -> dict[str, Any] | None:
+    """{dest: {flag, kind, default, choices}} or None when it cannot be read
+    (qtune then uses its built-in space for vLLM 0.32)."""
+    if install.python is None:
+        return None
+    path = cache_dir() / "engines" / f"vllm-{install.version}-{install.build}-args.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            pass
+    try:
+        proc = subprocess.run([install.python, "-c", _SCRIPT], capture_output=True,
+                              text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("QTUNE-ARGS")),
+                None)
+    if proc.returncode != 0 or line is None:
+        return None
+    data = json.loads(line[len("QTUNE-ARGS"):])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+    return data

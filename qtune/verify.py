@@ -1,0 +1,133 @@
+"""``qtune verify``: A/B a profile against the engine defaults (or another
+profile) with fresh server starts, interleaved, and report the ratio of
+medians with a bootstrap 95% interval.
+
+Each repeat starts each server anew (ABBA order across repeats, so a drift
+of the machine does not favour either side), runs the profile's own workload
+with the repeat's seed, and stops it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from qtune.bench import KEY_METRICS, BenchConfig, _bootstrap_median, _ratio_ci, measure
+from qtune.engines import get_engine
+from qtune.engines.base import LaunchSpec, SpaceContext
+from qtune.errors import EngineError, ModelError, ProfileError
+from qtune.host import probe
+from qtune.load.workload import Workload
+from qtune.metrics import metric_value
+from qtune.model import resolve_model
+from qtune.profile import Profile
+from qtune.search.config import OBJECTIVES
+from qtune.server import Server, free_port
+
+
+@dataclasses.dataclass
+class Side:
+    label: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+def _with_port(argv: list[str], port: int) -> list[str]:
+    out = list(argv)
+    if "--port" not in out:
+        raise ProfileError("the profile's argv has no --port",
+                           hint="profiles from `qtune search` always carry one")
+    out[out.index("--port") + 1] = str(port)
+    return out
+
+
+def _context(profile: Profile) -> SpaceContext:
+    host = probe(engine_python=profile.argv[0])
+    install = host.engines.get(profile.engine.name)
+    if install is None:
+        raise EngineError(f"{profile.engine.name} is not installed for {profile.argv[0]}",
+                          hint="run verify where the profile's engine is installed")
+    path = profile.model.get("path")
+    if not path or not Path(path).is_dir():
+        raise ModelError(f"the profile's model folder {path} is missing",
+                         hint="verify runs on the host the profile was tuned for")
+    mml = None
+    if "--max-model-len" in profile.argv:
+        mml = int(profile.argv[profile.argv.index("--max-model-len") + 1])
+    return SpaceContext(host, resolve_model(path), install, mml)
+
+
+def verify(
+    profile: Profile,
+    against: Profile | None,
+    repeat: int,
+    progress: Callable[[str], None] | None = None,
+    startup_timeout: float = 600.0,
+    log_dir: Path = Path("studies/verify"),
+) -> dict[str, Any]:
+    engine = get_engine(profile.engine.name)
+    ctx = _context(profile)
+    a = Side("profile", profile.argv, dict(profile.env))
+    if against is None:
+        params, note = engine.baseline(ctx)
+        spec = engine.launch_spec(params, ctx, host="127.0.0.1", port=8000)
+        b = Side("defaults", list(spec.argv), dict(spec.env))
+    else:
+        note = None
+        b = Side("other", against.argv, dict(against.env))
+    fatal = engine.launch_spec({}, ctx, host="127.0.0.1", port=8000).fatal_patterns
+    wl = Workload(**profile.workload)
+    served = str(profile.model.get("served_name"))
+    runs: dict[str, list[dict[str, Any]]] = {a.label: [], b.label: []}
+    starts: dict[str, list[float]] = {a.label: [], b.label: []}
+    order_pairs = [(a, b) if r % 2 == 0 else (b, a) for r in range(repeat)]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    for r, pair in enumerate(order_pairs):
+        for side in pair:
+            if progress:
+                progress(f"repeat {r + 1}/{repeat}: {side.label}: starting")
+            port = free_port()
+            spec = LaunchSpec(tuple(_with_port(side.argv, port)), side.env, "127.0.0.1",
+                              port, served, fatal_patterns=fatal)
+            with Server(spec, log_dir / f"{side.label}-{r}.log") as server:
+                starts[side.label].append(
+                    server.wait_ready(startup_timeout, classify=engine.classify))
+                w = dataclasses.replace(wl, seed=wl.seed + r)
+                cfg = BenchConfig(urls=[spec.base_url], workload=w, model=served,
+                                  tokenizer=ctx.model.tokenizer_dir)
+
+                def tick(text: str, side: Side = side, r: int = r) -> None:
+                    if progress:
+                        progress(f"repeat {r + 1}/{repeat}: {side.label}: {text}")
+
+                runs[side.label].append(measure(spec.base_url, served, w, cfg,
+                                                progress=tick))
+    objective = profile.metrics.get("objective", {}).get("name", "e2e_p99")
+    metrics = [objective] + [m for m in KEY_METRICS if m != objective]
+    table: dict[str, Any] = {}
+    for m in metrics:
+        va = [v for s in runs[a.label] if (v := metric_value(s, m)) is not None]
+        vb = [v for s in runs[b.label] if (v := metric_value(s, m)) is not None]
+        if not va or not vb:
+            continue
+        row = {}
+        for label, vals in ((a.label, va), (b.label, vb)):
+            med, lo, hi = _bootstrap_median(vals)
+            row[label] = {"median": med, "ci95": [lo, hi] if lo is not None else None,
+                          "values": vals}
+        # gain > 1 means the profile is better, whatever the metric's sense.
+        ratio = _ratio_ci(va, vb) if _lower_is_better(m) else _ratio_ci(vb, va)
+        row["gain"] = ratio
+        table[m] = row
+    failed = {k: sum(s["failed"] for s in v) for k, v in runs.items()}
+    return {"profile": profile.name, "against": b.label, "repeats": repeat,
+            "objective": objective, "metrics": table, "failed_requests": failed,
+            "startup_s": starts, "note": note, "wall_s": time.monotonic() - t0}
+
+
+def _lower_is_better(metric: str) -> bool:
+    return OBJECTIVES.get(metric, "minimize") == "minimize" and "throughput" not in metric
