@@ -181,6 +181,9 @@ def search(
         help="tpe | gp | random | grid | nsga2")] = "tpe",
     time_budget: Annotated[float | None, typer.Option(
         help="Minutes for the whole study; no trial starts that would not fit.")] = None,
+    memory_check: Annotated[bool, typer.Option(
+        help="Skip configs predicted not to fit in memory (recorded, not launched).")
+    ] = True,
     json_out: JsonOut = False,
 ) -> None:
     """Tune the engine's launch flags against a live load; write a profile."""
@@ -197,7 +200,8 @@ def search(
                      slo=parse_slo(slo), space_file=space, study=study,
                      storage=storage, out=out, max_model_len=max_model_len,
                      startup_timeout=startup_timeout, seed=wl.seed, sampler=sampler,
-                     time_budget=time_budget * 60 if time_budget else None)
+                     time_budget=time_budget * 60 if time_budget else None,
+                     memory_check=memory_check)
     prep = prepare(cfg)
     with console.SearchReporter(objective) as rep:
         res = run_study(prep, rep)
@@ -207,6 +211,7 @@ def search(
             "storage": res.storage,
             "profile": str(res.profile_path) if res.profile_path else None,
             "improvement": res.improvement,
+            "memory_estimate": res.memory_estimate,
             "best": res.best.__dict__ if res.best else None,
             "baseline": res.baseline.__dict__ if res.baseline else None,
             "trials": [t.__dict__ for t in res.trials],

@@ -208,6 +208,10 @@ def render_search_result(res: Any) -> None:
     elif res.baseline is not None and res.baseline.status != "ok":
         out.print(f"the engine defaults failed ({res.baseline.reason}): any working "
                   "configuration is an improvement")
+    acc = res.memory_estimate
+    if acc and (acc["launches_avoided"] or acc["launched_with_prediction"]):
+        out.print(f"memory estimate: {acc['launches_avoided']} launches avoided; right for "
+                  f"{acc['prediction_right']}/{acc['launched_with_prediction']} launches")
     out.print(f"profile: {res.profile_path}")
 
 

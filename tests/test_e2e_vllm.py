@@ -120,16 +120,29 @@ def test_search_profile_emit_and_resume(tmp_path):
 
 
 def test_startup_failure_is_recorded_and_the_study_goes_on(tmp_path):
-    # A KV cache far larger than the host: every tuned trial must fail to
-    # start, while the baseline (engine defaults) runs.
+    # A KV cache far larger than the host.  First with the memory check: the
+    # config is predicted not to fit and never launched; only the baseline
+    # (engine defaults) runs.
     (tmp_path / "space.yaml").write_text("VLLM_CPU_KVCACHE_SPACE: [100000]\n")
-    r = qtune("search", "--trials", "2", "--space", "space.yaml", "--json", *LOAD,
-              cwd=tmp_path)
+    args = ["--trials", "2", "--space", "space.yaml", "--study", "kv", "--json", *LOAD]
+    r = qtune("search", *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    skipped = [t for t in res["trials"] if t["reason"] == "predicted_oom"]
+    assert skipped and all(t["status"] == "invalid" for t in skipped)
+    assert [t["status"] for t in res["trials"] if t["status"] != "invalid"] == ["ok"]
+    assert res["memory_estimate"]["launches_avoided"] == len(skipped)
+    # Then launched anyway: the real start fails, classified from its log,
+    # and the study goes on to write the baseline's profile.
+    r = qtune("search", *args, "--no-memory-check", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout)
     failed = [t for t in res["trials"] if t["status"] == "startup_failed"]
-    assert failed and all(t["reason"] == "oom" for t in failed), res["trials"]
+    assert len(failed) == 1 and failed[0]["reason"] == "oom", res["trials"]
+    assert "less than requested memory" in failed[0]["detail"]
     assert res["best"]["baseline"]
+    acc = res["memory_estimate"]
+    assert acc["prediction_right"] == acc["launched_with_prediction"] == 2
     assert wait_gone(10) == []
 
 

@@ -25,6 +25,7 @@ from qtune.engines.base import (
     SpaceContext,
     classify_by_patterns,
 )
+from qtune.estimate import Estimate, GiB, estimate_cpu, estimate_gpu
 
 # Root-cause strings from the startup log → failure class.  Order matters:
 # the wrapper error ("Engine core initialization failed") comes last.
@@ -237,6 +238,25 @@ class VLLM:
 
     def classify(self, log_text: str) -> Failure:
         return classify_by_patterns(log_text, _FAILURES)
+
+    def estimate(self, params: Mapping[str, Any], ctx: SpaceContext) -> Estimate:
+        """Will this config fit in memory?  See ``qtune.estimate``."""
+        cfg = ctx.model.config
+        mml = ctx.effective_max_model_len
+        kv_dtype = str(params.get("kv_cache_dtype", "auto"))
+        if ctx.install.build == "cpu":
+            if "VLLM_CPU_KVCACHE_SPACE" in params:
+                kv = float(params["VLLM_CPU_KVCACHE_SPACE"]) * GiB
+            else:
+                node = ctx.host.numa[0]
+                kv = 0.92 * float(node.memory_total or ctx.host.memory.total)
+            return estimate_cpu(cfg, kv_space=kv, available=ctx.host.memory.available,
+                                max_model_len=mml, kv_dtype=kv_dtype)
+        gpu_mem = min((g.memory_total for g in ctx.host.gpus), default=0)
+        return estimate_gpu(cfg, gpu_memory=gpu_mem,
+                            utilization=float(params.get("gpu_memory_utilization", 0.92)),
+                            tp=int(params.get("tensor_parallel_size", 1)),
+                            max_model_len=mml, kv_dtype=kv_dtype)
 
 
 def to_flag(name: str, value: Any, info: dict[str, Any] | None = None) -> list[str]:

@@ -130,6 +130,7 @@ class TuneResult:
     profile_path: Path | None
     profile: Profile | None
     improvement: float | None  # best vs baseline, in the objective's sense
+    memory_estimate: dict[str, Any] | None = None  # prediction vs launches
 
 
 @dataclass
@@ -373,14 +374,19 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         trial.set_user_attr("baseline", True)
         if note:
             trial.set_user_attr("baseline_note", note)
-        _run_trial(prep, study, trial, {**base_params, **prep.fixed}, reporter)
+        params = {**base_params, **prep.fixed}
+        est = _estimate(prep, params)
+        if est is not None:
+            trial.set_user_attr("memory_estimate", est.as_dict())
+        _run_trial(prep, study, trial, params, reporter)
 
-    asks = 0
+    invalid_run = 0
     started = time.monotonic()
     while launched_count() < cfg.trials:
-        asks += 1
-        if asks > 50 * cfg.trials:
-            break  # the space is almost all invalid; stop rather than spin
+        if invalid_run >= 25:
+            # Every recent proposal was refused without a launch: what is left
+            # of the space cannot start.  Stop rather than spin.
+            break
         if cfg.time_budget is not None:
             done = [t.user_attrs["total_s"] for t in study.get_trials(deepcopy=False)
                     if t.user_attrs.get("total_s")]
@@ -391,9 +397,17 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         trial = study.ask(dists)
         params = {**trial.params, **prep.fixed}
         violations = prep.engine.check(params, prep.ctx)
+        reason = "invalid_config"
+        est = _estimate(prep, params)
+        if est is not None:
+            trial.set_user_attr("memory_estimate", est.as_dict())
+            if not est.fits and cfg.memory_check:
+                violations.append("predicted not to fit: " + est.reason)
+                reason = "predicted_oom"
+        invalid_run = invalid_run + 1 if violations else 0
         if violations:
             rec = TrialRecord(trial.number, params, "invalid",
-                              reason="invalid_config", detail="; ".join(violations))
+                              reason=reason, detail="; ".join(violations))
             _set_attrs(trial, rec)
             study.tell(trial, state=TrialState.PRUNED)
             reporter.trial_done(rec, _best(study))
@@ -401,6 +415,33 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         _run_trial(prep, study, trial, params, reporter)
 
     return _finish(prep, study)
+
+
+def _estimate(prep: Prepared, params: dict[str, Any]) -> Any:
+    fn = getattr(prep.engine, "estimate", None)
+    if fn is None:
+        return None
+    try:
+        return fn(params, prep.ctx)
+    except (KeyError, ValueError, TypeError, ZeroDivisionError):
+        return None  # an unusual config.json: no prediction rather than no study
+
+
+def estimate_accuracy(trials: list[TrialRecord], attrs: dict[int, dict[str, Any]]
+                      ) -> dict[str, Any]:
+    """How the memory prediction compared with what launches did."""
+    launched = [t for t in trials if t.status in ("ok", "startup_failed", "load_failed")
+                and "memory_estimate" in attrs.get(t.number, {})]
+    right = sum(1 for t in launched
+                if attrs[t.number]["memory_estimate"]["fits"] == (t.reason != "oom"))
+    return {
+        "launches_avoided": sum(1 for t in trials if t.reason == "predicted_oom"),
+        "launched_with_prediction": len(launched),
+        "prediction_right": right,
+        "oom_at_start_despite_fit": sum(
+            1 for t in launched
+            if t.reason == "oom" and attrs[t.number]["memory_estimate"]["fits"]),
+    }
 
 
 def _check_resume(study: optuna.Study, prep: Prepared) -> None:
@@ -595,8 +636,10 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
         profile = build_profile(prep, study, best, baseline, len(trials))
         path = (cfg.out or (cfg.profiles_dir / f"{prep.study_name}.yaml")).resolve()
         profile.save(path)
+    accuracy = estimate_accuracy(
+        trials, {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)})
     return TuneResult(prep.study_name, prep.storage_url, best, baseline, trials,
-                      path, profile, improvement)
+                      path, profile, improvement, accuracy)
 
 
 def _export_trials(study: optuna.Study, path: Path) -> None:

@@ -231,4 +231,5 @@ class TuneConfig:
     startup_timeout: float = 600.0
     seed: int = 0
     sampler: str = "tpe"
+    memory_check: bool = True  # skip configs predicted not to fit
     time_budget: float | None = None  # seconds for the whole study
