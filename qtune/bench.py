@@ -78,6 +78,7 @@ def find_tokenizer(root: str | None) -> Path | None:
 def measure(
     url: str, model: str, wl: Workload, cfg: BenchConfig, *,
     max_inflight: int | None = None, progress: Progress | None = None,
+    watch: Any = None,
 ) -> dict[str, Any]:
     def tick(phase: str, done: int, total: int | None) -> None:
         if progress:
@@ -85,10 +86,11 @@ def measure(
 
     res = asyncio.run(run_load(url, model, wl, tokenizer=cfg.tokenizer, progress=tick,
                                max_inflight=max_inflight,
-                               scrape_metrics=cfg.scrape_metrics))
+                               scrape_metrics=cfg.scrape_metrics, watch=watch))
     s = summarize(res.samples, res.duration)
     s["warmup_requests"] = len(res.warmup)
     s["saturated"] = res.saturated
+    s["stopped_early"] = res.stopped
     if cfg.slo:
         s["goodput"] = goodput(res.samples, res.duration, cfg.slo, s)
     if res.server is not None:

@@ -212,6 +212,7 @@ def search(
             "profile": str(res.profile_path) if res.profile_path else None,
             "improvement": res.improvement,
             "memory_estimate": res.memory_estimate,
+            "pruning": res.pruning,
             "best": res.best.__dict__ if res.best else None,
             "baseline": res.baseline.__dict__ if res.baseline else None,
             "trials": [t.__dict__ for t in res.trials],

@@ -173,6 +173,9 @@ class SearchReporter:
         elif rec.status == "invalid":
             line = f"skipped, not launched: {rec.detail}"
             style = "dim"
+        elif rec.status == "pruned":
+            line = f"pruned: {rec.detail} (start {rec.startup_s or 0:.0f} s)"
+            style = "yellow"
         else:
             line = f"{rec.status}: {rec.reason}: {redact(rec.detail or '')[:160]}"
             style = "red"
@@ -208,6 +211,9 @@ def render_search_result(res: Any) -> None:
     elif res.baseline is not None and res.baseline.status != "ok":
         out.print(f"the engine defaults failed ({res.baseline.reason}): any working "
                   "configuration is an improvement")
+    if res.pruning and res.pruning["pruned"]:
+        out.print(f"pruning: {res.pruning['pruned']} trials stopped early, "
+                  f"~{res.pruning['measure_s_saved']:.0f} s of measurement saved")
     acc = res.memory_estimate
     if acc and (acc["launches_avoided"] or acc["launched_with_prediction"]):
         out.print(f"memory estimate: {acc['launches_avoided']} launches avoided; right for "

@@ -119,3 +119,24 @@ def goodput(
         "slo_met": all(c["met"] for c in checks.values()),
         "checks": checks,
     }
+
+
+def percentile_exceeds_for_sure(
+    done: list[float], inflight_lower: list[float], total: int, pct: float,
+    threshold: float,
+) -> bool:
+    """Will the ``pct`` percentile (linear interpolation, as ``summarize``)
+    over ``total`` requests exceed ``threshold`` whatever the rest measure?
+
+    With values sorted v_0..v_{N-1}, the percentile is at least v_k with
+    k = floor(pct/100 · (N-1)).  If N-k values are already known to exceed the
+    threshold (finished ones, and in-flight ones whose elapsed time already
+    does), v_k does too.  Exact, so pruning on it never drops a trial that
+    could still have won.
+    """
+    if total < 1:
+        return False
+    k = int(pct / 100.0 * (total - 1))
+    above = sum(1 for v in done if v > threshold) + sum(
+        1 for v in inflight_lower if v > threshold)
+    return above >= total - k

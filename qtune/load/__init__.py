@@ -40,6 +40,7 @@ class LoadResult:
     warmup: list[RequestSample]
     saturated: bool = False  # stopped early: in-flight requests piled up
     server: dict[str, Any] | None = None  # Prometheus view, when offered
+    stopped: str | None = None  # why the measured phase ended early, if it did
 
 
 ProgressFn = Callable[[str, int, int | None], None]
@@ -58,6 +59,11 @@ def inter_arrivals(wl: Workload, rng: random.Random) -> Callable[[], float]:
     return lambda: rng.gammavariate(b, 1.0 / (rate * b))
 
 
+# A watcher sees (finished samples, in-flight samples, now) a few times a
+# second and returns a reason to stop the measured phase early, or None.
+Watcher = Callable[[list[RequestSample], list[RequestSample], float], "str | None"]
+
+
 async def _phase(
     session: aiohttp.ClientSession,
     url: str,
@@ -70,16 +76,18 @@ async def _phase(
     phase: str,
     progress: ProgressFn | None,
     max_inflight: int | None,
-) -> tuple[list[RequestSample], float, bool]:
+    watch: Watcher | None = None,
+) -> tuple[list[RequestSample], float, str | None]:
     ready: list[Request] = source.take(count if count is not None else _POOL)
     samples: list[RequestSample] = []
-    inflight = 0
-    saturated = False
+    inflight: dict[int, RequestSample] = {}  # by id(): samples are not hashable
+    tasks: list[asyncio.Task[None]] = []
+    stopped: str | None = None
     t0 = time.perf_counter()
     stop_at = t0 + duration if duration else None
 
     def more(i: int) -> bool:
-        if saturated or (count is not None and i >= count):
+        if stopped or (count is not None and i >= count):
             return False
         return stop_at is None or time.perf_counter() < stop_at
 
@@ -89,51 +97,71 @@ async def _phase(
         return ready[i]
 
     async def one(req: Request) -> None:
-        nonlocal inflight
-        inflight += 1
         body = build_body(wl.endpoint, model, req.prompt, req.max_tokens)
+        s = RequestSample(start=time.perf_counter())
+        inflight[id(s)] = s
         try:
-            s = await send(session, url, body, prompt_tokens=req.prompt_tokens)
+            await send(session, url, body, prompt_tokens=req.prompt_tokens, sample=s)
         finally:
-            inflight -= 1
+            inflight.pop(id(s), None)
         samples.append(s)
         if progress:
             progress(phase, len(samples), count)
 
-    if wl.rate is not None:
-        gap = inter_arrivals(wl, random.Random(seed))
-        tasks: list[asyncio.Task[None]] = []
-        next_at = t0
-        i = 0
-        while more(i):
-            delay = next_at - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if not more(i):
-                break
-            if max_inflight is not None and inflight >= max_inflight:
-                # The server no longer keeps up: the backlog only grows, and
-                # every further request measures the queue, not the config.
-                saturated = True
-                break
-            tasks.append(asyncio.create_task(one(request(i))))
-            i += 1
-            next_at += gap()
-        await asyncio.gather(*tasks)
+    async def drive() -> None:
+        nonlocal stopped
+        if wl.rate is not None:
+            gap = inter_arrivals(wl, random.Random(seed))
+            next_at = t0
+            i = 0
+            while more(i):
+                delay = next_at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if not more(i):
+                    break
+                if max_inflight is not None and len(inflight) >= max_inflight:
+                    # The server no longer keeps up: the backlog only grows,
+                    # and every further request measures the queue.
+                    stopped = "saturated"
+                    break
+                tasks.append(asyncio.create_task(one(request(i))))
+                i += 1
+                next_at += gap()
+            await asyncio.gather(*tasks)
+        else:
+            issued = 0
+
+            async def worker() -> None:
+                nonlocal issued
+                while more(issued):
+                    req = request(issued)
+                    issued += 1
+                    await one(req)
+
+            await asyncio.gather(*(worker() for _ in range(wl.concurrency or 1)))
+
+    runner = asyncio.create_task(drive())
+    if watch is None:
+        await runner
     else:
-        issued = 0
-
-        async def worker() -> None:
-            nonlocal issued
-            while more(issued):
-                req = request(issued)
-                issued += 1
-                await one(req)
-
-        await asyncio.gather(*(worker() for _ in range(wl.concurrency or 1)))
+        while not runner.done():
+            await asyncio.wait({runner}, timeout=0.2)
+            if runner.done():
+                break
+            reason = watch(samples, list(inflight.values()), time.perf_counter())
+            if reason:
+                stopped = reason
+                runner.cancel()
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(runner, *tasks, return_exceptions=True)
+                break
+        if not runner.cancelled() and runner.exception() is not None:
+            raise runner.exception()  # type: ignore[misc]
     end = max((s.start + (s.e2e or 0.0) for s in samples), default=t0)
     first = min((s.start for s in samples), default=t0)
-    return samples, max(end - first, 1e-9), saturated
+    return samples, max(end - first, 1e-9), stopped
 
 
 async def run_load(
@@ -145,9 +173,11 @@ async def run_load(
     progress: ProgressFn | None = None,
     max_inflight: int | None = None,
     scrape_metrics: bool = False,
+    watch: Watcher | None = None,
 ) -> LoadResult:
     """Warm up, then measure.  ``max_inflight`` (rate mode) stops the
-    measured phase early once that many requests wait at once."""
+    measured phase early once that many requests wait at once; ``watch``
+    may stop it for any reason of its own (pruning)."""
     path = "/v1/chat/completions" if wl.endpoint == "chat" else "/v1/completions"
     url = base_url.rstrip("/") + path
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -166,9 +196,9 @@ async def run_load(
             watcher = MetricsWatcher(base_url)
             await watcher.start(session)
         source = RequestSource(wl, tokenizer, wl.seed)
-        samples, duration, saturated = await _phase(
+        samples, duration, stopped = await _phase(
             session, url, model, wl, source, wl.requests, wl.duration,
-            wl.seed, "measure", progress, max_inflight,
+            wl.seed, "measure", progress, max_inflight, watch,
         )
         server = await watcher.stop(session) if watcher else None
-    return LoadResult(samples, duration, warm, saturated, server)
+    return LoadResult(samples, duration, warm, stopped == "saturated", server, stopped)

@@ -81,10 +81,13 @@ async def send(
     *,
     prompt_tokens: int,
     timeout: float = 600.0,
+    sample: RequestSample | None = None,
 ) -> RequestSample:
-    s = RequestSample(
-        prompt_tokens=prompt_tokens, expected_output_tokens=body["max_tokens"]
-    )
+    """``sample``, when given, is filled in place, so a watcher can see a
+    request's progress (start, first token) while it is in flight."""
+    s = sample if sample is not None else RequestSample()
+    s.prompt_tokens = prompt_tokens
+    s.expected_output_tokens = body["max_tokens"]
     chunks = 0
     last = 0.0
     s.start = time.perf_counter()

@@ -78,7 +78,7 @@ class NullReporter:
 class TrialRecord:
     number: int
     params: dict[str, Any]
-    status: str  # ok | invalid | startup_failed | load_failed
+    status: str  # ok | invalid | startup_failed | load_failed | pruned
     baseline: bool = False
     value: float | None = None
     feasible: bool = False
@@ -131,6 +131,7 @@ class TuneResult:
     profile: Profile | None
     improvement: float | None  # best vs baseline, in the objective's sense
     memory_estimate: dict[str, Any] | None = None  # prediction vs launches
+    pruning: dict[str, Any] | None = None  # trials stopped early, time saved
 
 
 @dataclass
@@ -361,7 +362,8 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     def launched_count() -> int:
         return sum(
             1 for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get("status") in ("ok", "startup_failed", "load_failed")
+            if t.user_attrs.get("status") in ("ok", "startup_failed", "load_failed",
+                                              "pruned")
         )
 
     has_baseline = any(
@@ -430,7 +432,8 @@ def _estimate(prep: Prepared, params: dict[str, Any]) -> Any:
 def estimate_accuracy(trials: list[TrialRecord], attrs: dict[int, dict[str, Any]]
                       ) -> dict[str, Any]:
     """How the memory prediction compared with what launches did."""
-    launched = [t for t in trials if t.status in ("ok", "startup_failed", "load_failed")
+    launched = [t for t in trials
+                if t.status in ("ok", "startup_failed", "load_failed", "pruned")
                 and "memory_estimate" in attrs.get(t.number, {})]
     right = sum(1 for t in launched
                 if attrs[t.number]["memory_estimate"]["fits"] == (t.reason != "oom"))
@@ -524,7 +527,9 @@ def _run_trial_inner(
                 )
                 reporter.trial_phase(n, "measuring", cfg.workload.mode)
                 m0 = time.monotonic()
-                summary = _measure(prep, spec, n, reporter)
+                best = _best(study)
+                summary = _measure(prep, spec, n, reporter, baseline,
+                                   best.value if best else None)
                 rec.measure_s = time.monotonic() - m0
                 # A server that died under load is a failed config, not a
                 # slow one: check before trusting the numbers.
@@ -545,6 +550,22 @@ def _run_trial_inner(
             return
     rec.summary = summary
     rec.total_s = time.monotonic() - t0
+    if summary.get("stopped_early") and summary["stopped_early"] != "saturated":
+        # Pruned mid-measurement: tell TPE how far it got, not a full value.
+        done = summary["completed"] + summary["failed"]
+        planned = cfg.workload.requests or done
+        partial = objective_value(summary, cfg.objective)
+        if partial is not None and not math.isnan(partial):
+            trial.report(partial, step=done)
+        rec.status, rec.reason = "pruned", "pruned"
+        rec.detail = (f"{summary['stopped_early']} after {done}/{planned} requests")
+        if done and rec.measure_s:
+            # Time the rest of the measurement would have taken, at this pace.
+            trial.set_user_attr("saved_s", rec.measure_s * (planned - done) / done)
+        _set_attrs(trial, rec)
+        study.tell(trial, state=TrialState.PRUNED)
+        reporter.trial_done(rec, _best(study))
+        return
     value = objective_value(summary, cfg.objective)
     failed = summary["failed"]
     trial.set_constraint("failed_requests", float(failed))
@@ -570,7 +591,8 @@ def objective_value(summary: dict[str, Any], objective: str) -> float | None:
     return metric_value(summary, objective)
 
 
-def _measure(prep: Prepared, spec: Any, n: int, reporter: Reporter) -> dict[str, Any]:
+def _measure(prep: Prepared, spec: Any, n: int, reporter: Reporter, baseline: bool,
+             best_value: float | None) -> dict[str, Any]:
     """One trial's measurement on a ready server: the workload once, or a
     capacity search on this one server for ``--objective capacity``."""
     from qtune.bench import BenchConfig, find_capacity, measure
@@ -591,8 +613,50 @@ def _measure(prep: Prepared, spec: Any, n: int, reporter: Reporter) -> dict[str,
                           progress=progress)
         summary["capacity"] = cap
         return summary
+    watch = None if baseline else make_pruner(prep, best_value)
     return measure(spec.base_url, spec.served_model, cfg.workload, bcfg,
-                   progress=progress)
+                   progress=progress, watch=watch)
+
+
+def make_pruner(prep: Prepared, best_value: float | None) -> Any:
+    """Stop a measurement as soon as the trial cannot win: its objective
+    percentile will exceed the best so far, an SLO percentile its limit, or
+    a request failed (infeasible).  The percentile test is exact
+    (``percentile_exceeds_for_sure``), so no possible winner is dropped."""
+    from qtune.metrics import percentile_exceeds_for_sure
+
+    cfg = prep.cfg
+    planned = cfg.workload.requests
+    targets: list[tuple[str, float, float, str]] = []
+    base, _, pct = cfg.objective.rpartition("_")
+    if (planned and best_value is not None and prep.direction == "minimize"
+            and pct.startswith("p") and base in ("ttft", "e2e", "tpot")):
+        targets.append((base, float(pct[1:]), best_value,
+                        f"{cfg.objective} cannot beat the best ({best_value:.1f} ms)"))
+    for slo in cfg.slo:
+        b, _, p = slo.metric.rpartition("_")
+        if planned and slo.op == "<=" and p.startswith("p") and b in ("ttft", "e2e", "tpot"):
+            targets.append((b, float(p[1:]), slo.limit, f"breaks SLO {slo}"))
+
+    def watch(done: list[Any], inflight: list[Any], now: float) -> str | None:
+        if any(not s.ok for s in done):
+            return "a request failed"
+        for b, p, thr_ms, why in targets:
+            if b == "ttft":
+                vals = [s.ttft for s in done if s.ttft is not None]
+                lower = [s.ttft if s.ttft is not None else now - s.start for s in inflight]
+            elif b == "e2e":
+                vals = [s.e2e for s in done if s.e2e is not None]
+                lower = [now - s.start for s in inflight]
+            else:
+                vals = [t for s in done if (t := s.tpot) is not None]
+                lower = []
+            if percentile_exceeds_for_sure(vals, lower, planned, p, thr_ms / 1000.0):
+                return why
+        return None
+
+    return watch if targets else (lambda done, inflight, now: (
+        "a request failed" if any(not s.ok for s in done) else None))
 
 
 def _at_load(wl: Any, value: float | None) -> Any:
@@ -636,10 +700,12 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
         profile = build_profile(prep, study, best, baseline, len(trials))
         path = (cfg.out or (cfg.profiles_dir / f"{prep.study_name}.yaml")).resolve()
         profile.save(path)
-    accuracy = estimate_accuracy(
-        trials, {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)})
+    attrs = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
+    accuracy = estimate_accuracy(trials, attrs)
+    pruning = {"pruned": sum(1 for t in trials if t.status == "pruned"),
+               "measure_s_saved": round(sum(a.get("saved_s", 0.0) for a in attrs.values()), 1)}
     return TuneResult(prep.study_name, prep.storage_url, best, baseline, trials,
-                      path, profile, improvement, accuracy)
+                      path, profile, improvement, accuracy, pruning)
 
 
 def _export_trials(study: optuna.Study, path: Path) -> None:
