@@ -313,6 +313,51 @@ def verify(
         console.render_verify(res)
 
 
+@app.command()
+def report(
+    study: Annotated[str, typer.Argument(help="Study name (studies/<name>.log).")],
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL.")] = None,
+    csv: Annotated[Path | None, typer.Option(help="Write the trials table as CSV.")] = None,
+    parquet: Annotated[Path | None, typer.Option(
+        help="Write the trials table as Parquet (needs pyarrow).")] = None,
+    html: Annotated[Path | None, typer.Option(
+        help="Write a self-contained HTML report.")] = None,
+    json_out: JsonOut = False,
+) -> None:
+    """Summarise a study: trials table, exports, HTML report."""
+    from qtune import console
+    from qtune.report import report as do_report
+
+    res = do_report(study, storage, csv=csv, parquet=parquet, html_path=html)
+    if json_out:
+        _print_json(res)
+    else:
+        console.render_report(res)
+        for label, path in (("csv", csv), ("parquet", parquet), ("html", html)):
+            if path:
+                console.err.print(f"wrote {label}: {path}")
+
+
+@app.command()
+def dashboard(
+    study: Annotated[str, typer.Argument(help="Study name.")],
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL.")] = None,
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8080,
+) -> None:
+    """Open optuna-dashboard on a study (if installed), on loopback only."""
+    from qtune.errors import InputError
+    from qtune.report import load_study
+
+    try:
+        from optuna_dashboard import run_server
+    except ImportError:
+        raise InputError("optuna-dashboard is not installed",
+                         hint="pip install optuna-dashboard") from None
+    st, url = load_study(study, storage)
+    # The dashboard can delete studies: never bind beyond loopback.
+    run_server(st._storage, host="127.0.0.1", port=port)
+
+
 def _bench_csv(res: dict[str, Any]) -> str:
     import pandas as pd
 

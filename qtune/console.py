@@ -345,3 +345,26 @@ def render_verify(res: dict[str, Any]) -> None:
                    "not confirmed (interval includes 1)" if g["ci95"][1] >= 1 else
                    "REVERSED: the other side is better")
         out.print(f"{res['objective']}: gain {g['ratio']:.2f}x, {verdict}")
+
+
+def render_report(res: dict[str, Any]) -> None:
+    t = Table(title=f"study {res['study']} ({res['objective']})")
+    for col in ("trial", "status", "value", "ttft p99", "tpot p99", "e2e p99", "req/s",
+                "params / reason"):
+        t.add_column(col)
+    for r in res["trials"]:
+        params = ", ".join(f"{k[6:]}={v}" for k, v in r.items()
+                           if k.startswith("param.") and v == v and v is not None)
+        what = params or ("engine defaults" if r["baseline"] else "")
+        if r["status"] not in ("ok",):
+            what = f"{r['reason']}: {str(r['detail'])[:60]}" if r["detail"] else what
+        style = "green" if r["trial"] == res["best_trial"] else (
+            "" if r["status"] == "ok" else "dim")
+        t.add_row(str(r["trial"]) + (" (base)" if r["baseline"] else ""), r["status"],
+                  _fmt(r["value"]), _fmt(r["ttft_p99_ms"]), _fmt(r["tpot_p99_ms"]),
+                  _fmt(r["e2e_p99_ms"]), _fmt(r["req_per_s"]), what, style=style)
+    out.print(t)
+    if res["importances"]:
+        out.print("importance: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in sorted(res["importances"].items(),
+                                              key=lambda kv: -kv[1])))

@@ -1,0 +1,224 @@
+"""``qtune report``: what a study found, as a table, CSV/Parquet and a
+self-contained HTML page (inline SVG, no scripts, no network): the
+optimisation history, throughput against tail latency, parameter
+importances and the trial log.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from qtune.errors import StudyError
+from qtune.search import TrialRecord, open_storage
+
+
+def load_study(name: str, storage: str | None, studies_dir: Path = Path("studies")
+               ) -> tuple[optuna.Study, str]:
+    url = storage or f"journal://{(studies_dir / (name + '.log')).resolve()}"
+    if storage is None and not (studies_dir / (name + ".log")).is_file():
+        known = sorted(p.stem for p in studies_dir.glob("*.log"))
+        raise StudyError(f"no study {name!r} under {studies_dir}/",
+                         hint=("studies here: " + ", ".join(known)) if known
+                         else "run qtune search first, or pass --storage URL")
+    try:
+        study = optuna.load_study(study_name=name, storage=open_storage(url))
+    except KeyError:
+        raise StudyError(f"no study {name!r} in {url}",
+                         hint="check --study / --storage") from None
+    return study, url
+
+
+def trials_frame(study: optuna.Study) -> Any:
+    import pandas as pd
+
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        r = TrialRecord.from_frozen(t)
+        s = r.summary or {}
+        row: dict[str, Any] = {
+            "trial": r.number, "baseline": r.baseline, "status": r.status,
+            "reason": r.reason, "value": r.value, "feasible": r.feasible,
+            "startup_s": r.startup_s, "measure_s": r.measure_s, "detail": r.detail,
+        }
+        row.update({f"param.{k}": v for k, v in r.params.items()})
+        for m in ("ttft", "tpot", "itl", "e2e"):
+            for p in ("p50", "p90", "p99"):
+                row[f"{m}_{p}_ms"] = (s.get(f"{m}_ms") or {}).get(p)
+        row["req_per_s"] = s.get("request_throughput")
+        row["out_tok_per_s"] = s.get("output_token_throughput")
+        row["failed"] = s.get("failed")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def importances(study: optuna.Study) -> dict[str, float]:
+    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
+            and t.params]
+    if len(done) < 3:
+        return {}
+    # The baseline trial has no parameters, which would empty the common
+    # search space: compute on a scratch study of the tuned trials only.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    scratch = optuna.create_study(direction=study.direction)
+    scratch.add_trials(done)
+    try:
+        return {k: float(v) for k, v in
+                optuna.importance.get_param_importances(scratch).items()}
+    except (ValueError, RuntimeError, ZeroDivisionError, TypeError):
+        return {}
+
+
+# -- SVG ----------------------------------------------------------------------
+W, H, PAD = 560, 300, 48
+
+
+def _scale(vals: list[float], lo_px: float, hi_px: float, log: bool = False
+           ) -> Any:
+    vs = [math.log10(v) if log else v for v in vals if v is not None and v > 0 or not log]
+    lo, hi = (min(vs), max(vs)) if vs else (0.0, 1.0)
+    if hi == lo:
+        hi = lo + 1.0
+
+    def f(v: float) -> float:
+        x = math.log10(v) if log else v
+        return lo_px + (x - lo) / (hi - lo) * (hi_px - lo_px)
+
+    return f, lo, hi
+
+
+def _axes(title: str, xlabel: str, ylabel: str) -> list[str]:
+    return [f'<svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img">',
+            f'<text x="{W / 2}" y="16" text-anchor="middle" font-weight="bold">'
+            f"{html.escape(title)}</text>",
+            f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - 10}" y2="{H - PAD}" stroke="#444"/>',
+            f'<line x1="{PAD}" y1="30" x2="{PAD}" y2="{H - PAD}" stroke="#444"/>',
+            f'<text x="{W / 2}" y="{H - 10}" text-anchor="middle">{html.escape(xlabel)}</text>',
+            f'<text x="12" y="{H / 2}" transform="rotate(-90 12 {H / 2})" '
+            f'text-anchor="middle">{html.escape(ylabel)}</text>']
+
+
+def history_svg(df: Any, objective: str, maximize: bool) -> str:
+    ok = df[df["value"].notna()]
+    if ok.empty:
+        return "<p>No completed trial.</p>"
+    xs = list(ok["trial"])
+    ys = [float(v) for v in ok["value"]]
+    fx, *_ = _scale(xs, PAD + 8, W - 20)
+    fy, lo, hi = _scale(ys, H - PAD - 8, 36)
+    out = _axes(f"optimisation history: {objective}", "trial", objective)
+    best, pts = None, []
+    for x, y, feas, base in zip(xs, ys, ok["feasible"], ok["baseline"], strict=True):
+        colour = "#d62728" if not feas else ("#7f7f7f" if base else "#1f77b4")
+        out.append(f'<circle cx="{fx(x):.1f}" cy="{fy(y):.1f}" r="4" fill="{colour}">'
+                   f"<title>trial {x}: {y:.2f}</title></circle>")
+        if feas:
+            best = y if best is None else (max(best, y) if maximize else min(best, y))
+        if best is not None:
+            pts.append(f"{fx(x):.1f},{fy(best):.1f}")
+    if pts:
+        out.append(f'<polyline points="{" ".join(pts)}" fill="none" stroke="#2ca02c" '
+                   'stroke-width="2"/>')
+    out.append(f'<text x="{PAD + 4}" y="34" font-size="11">{hi:.4g}</text>'
+               f'<text x="{PAD + 4}" y="{H - PAD - 4}" font-size="11">{lo:.4g}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def tradeoff_svg(df: Any) -> str:
+    ok = df[df["req_per_s"].notna() & df["e2e_p99_ms"].notna()]
+    if ok.empty:
+        return ""
+    xs, ys = [float(v) for v in ok["req_per_s"]], [float(v) for v in ok["e2e_p99_ms"]]
+    fx, xlo, xhi = _scale(xs, PAD + 8, W - 20)
+    fy, ylo, yhi = _scale(ys, H - PAD - 8, 36)
+    out = _axes("throughput against tail latency (Pareto points in green)",
+                f"requests/s ({xlo:.3g} .. {xhi:.3g})", f"E2E p99 ms ({ylo:.4g} .. {yhi:.4g})")
+    pareto = {i for i in range(len(xs)) if not any(
+        xs[j] >= xs[i] and ys[j] <= ys[i] and (xs[j] > xs[i] or ys[j] < ys[i])
+        for j in range(len(xs)))}
+    for i, (x, y, n) in enumerate(zip(xs, ys, ok["trial"], strict=True)):
+        colour = "#2ca02c" if i in pareto else "#1f77b4"
+        out.append(f'<circle cx="{fx(x):.1f}" cy="{fy(y):.1f}" r="5" fill="{colour}">'
+                   f"<title>trial {n}: {x:.2f} req/s, {y:.1f} ms</title></circle>")
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def importance_svg(imp: dict[str, float]) -> str:
+    if not imp:
+        return "<p>Parameter importances need at least 3 completed tuned trials.</p>"
+    h = 30 + 24 * len(imp)
+    out = [f'<svg viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img">',
+           '<text x="10" y="16" font-weight="bold">parameter importance (PED-ANOVA)</text>']
+    for i, (k, v) in enumerate(sorted(imp.items(), key=lambda kv: -kv[1])):
+        y = 28 + 24 * i
+        out.append(f'<text x="10" y="{y + 14}" font-size="12">{html.escape(k)}</text>'
+                   f'<rect x="230" y="{y}" width="{max(v, 0) * 300:.1f}" height="16" '
+                   f'fill="#1f77b4"/><text x="{236 + max(v, 0) * 300:.1f}" y="{y + 13}" '
+                   f'font-size="11">{v:.2f}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def render_html(study: optuna.Study, url: str, df: Any, imp: dict[str, float]) -> str:
+    objective = study.user_attrs.get("objective", "value")
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    cols = [c for c in df.columns if c not in ("detail",)]
+    table = df[cols].to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}",
+                             border=0, classes="trials")
+    wl = study.user_attrs.get("workload", {})
+    model = study.user_attrs.get("model", {})
+    fails = df[df["status"].isin(["startup_failed", "load_failed", "pruned", "invalid"])]
+    fail_rows = "".join(
+        f"<li>trial {r.trial}: {html.escape(str(r.status))}: "
+        f"{html.escape(str(r.reason))}: {html.escape(str(r.detail))[:300]}</li>"
+        for r in fails.itertuples())
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>qtune report: {html.escape(study.study_name)}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}}
+table.trials{{border-collapse:collapse;font-size:12px}}
+table.trials td,table.trials th{{padding:2px 6px;border-bottom:1px solid #ddd;text-align:right}}
+.grid{{display:flex;flex-wrap:wrap;gap:1em}} code{{background:#f4f4f4}}</style></head>
+<body><h1>qtune study <code>{html.escape(study.study_name)}</code></h1>
+<p>storage <code>{html.escape(url)}</code>; model <code>{html.escape(str(model.get("id")))}</code>;
+objective <b>{html.escape(objective)}</b> ({"max" if maximize else "min"}imise);
+workload <code>{html.escape(str(wl))}</code></p>
+<div class="grid">{history_svg(df, objective, maximize)}{tradeoff_svg(df)}</div>
+{importance_svg(imp)}
+<h2>Trials</h2>{table}
+<h2>Failures, pruned and skipped trials</h2><ul>{fail_rows or "<li>none</li>"}</ul>
+</body></html>
+"""
+
+
+def report(name: str, storage: str | None, *, csv: Path | None = None,
+           parquet: Path | None = None, html_path: Path | None = None) -> dict[str, Any]:
+    from qtune.profile import write_atomic
+
+    study, url = load_study(name, storage)
+    df = trials_frame(study)
+    imp = importances(study)
+    if csv:
+        write_atomic(csv, df.to_csv(index=False))
+    if parquet:
+        try:
+            df.to_parquet(parquet, index=False)
+        except ImportError:
+            raise StudyError("--parquet needs pyarrow",
+                             hint="pip install pyarrow, or use --csv") from None
+    if html_path:
+        write_atomic(html_path, render_html(study, url, df, imp))
+    ok = df[df["value"].notna() & df["feasible"]]
+    best = None
+    if not ok.empty:
+        maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+        best = int(ok.sort_values("value", ascending=not maximize).iloc[0]["trial"])
+    return {"study": name, "storage": url, "objective": study.user_attrs.get("objective"),
+            "trials": df.to_dict(orient="records"), "best_trial": best,
+            "importances": imp, "counts": df["status"].value_counts().to_dict()}
