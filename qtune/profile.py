@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from qtune.errors import SECRET_ENV_NAMES, ProfileError, redact
+from qtune.yamlfile import read_mapping
 
 SCHEMA_VERSION = 1
 
@@ -90,21 +91,8 @@ class Profile(_Strict):
     # -- files ----------------------------------------------------------------
     @classmethod
     def load(cls, path: Path) -> Profile:
-        try:
-            data = yaml.safe_load(path.read_text())
-        except OSError as exc:
-            raise ProfileError(
-                f"cannot read profile {path}: {exc.strerror}",
-                hint="qtune search writes profiles under profiles/",
-            ) from None
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" (line {mark.line + 1})" if mark else ""
-            raise ProfileError(f"profile {path} is not valid YAML{where}",
-                               hint="profiles are written by `qtune search`") from None
-        if not isinstance(data, dict):
-            raise ProfileError(f"profile {path} is not a mapping",
-                               hint="profiles are written by `qtune search`")
+        data = read_mapping(path, "profile", "profiles are written by `qtune search` "
+                            "under profiles/", ProfileError)
         try:
             return cls.model_validate(data)
         except ValidationError as exc:

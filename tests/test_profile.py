@@ -43,7 +43,7 @@ def test_round_trip(tmp_path):
     ("text", "needle"),
     [
         ("name: [unclosed\n", "not valid YAML"),
-        ("- a\n", "not a mapping"),
+        ("- a\n", "must be a mapping"),
         ("name: x\n", "created"),  # missing fields name the field
     ],
 )

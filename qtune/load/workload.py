@@ -13,9 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from qtune.errors import InputError
+from qtune.yamlfile import read_mapping
 
 
 @dataclass(frozen=True)
@@ -170,20 +169,9 @@ def load_workload_file(path: Path) -> dict[str, Any]:
     """A YAML mapping with Workload's keys (input_len, rate, dataset, ...)."""
     import difflib
 
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise InputError(f"--workload: cannot read {path}: {exc.strerror}",
-                         hint="give the path of a YAML workload file") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise InputError(f"--workload: {path}{where} is not valid YAML",
-                         hint="a mapping like 'rate: 4' / 'input_len: 128-512'; "
-                         "keys: " + ", ".join(Workload.keys())) from None
-    if not isinstance(data, dict):
-        raise InputError(f"--workload: {path} must be a mapping",
-                         hint="keys: " + ", ".join(Workload.keys()))
+    data = read_mapping(path, "--workload",
+                        "a mapping like 'rate: 4' / 'input_len: 128-512'; keys: "
+                        + ", ".join(Workload.keys()))
     for k in data:
         if k not in Workload.keys():
             close = difflib.get_close_matches(str(k), Workload.keys(), n=2)

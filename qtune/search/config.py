@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from qtune.engines.base import Param
 from qtune.errors import InputError
 from qtune.load.workload import Workload
+from qtune.yamlfile import read_mapping
 
 OBJECTIVES = {
     "e2e_p99": "minimize",
@@ -108,26 +107,9 @@ class SpaceOverride:
 
 
 def load_space_file(path: Path) -> SpaceOverride:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise InputError(f"--space: cannot read {path}: {exc.strerror}",
-                         hint="give the path of a YAML space file") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise InputError(
-            f"--space: {path}{where} is not valid YAML",
-            hint="each key is a parameter: a value fixes it, a list gives "
-            "choices, {low, high, log} a range",
-        ) from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise InputError(
-            f"--space: {path} must be a mapping of parameter names",
-            hint="e.g. 'max_num_seqs: {low: 8, high: 128}'",
-        )
+    data = read_mapping(path, "--space", "each key is a parameter: a value fixes it, "
+                        "a list gives choices, {low, high, log} a range; e.g. "
+                        "'max_num_seqs: {low: 8, high: 128}'")
     return SpaceOverride(data, str(path))
 
 
