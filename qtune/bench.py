@@ -89,6 +89,7 @@ def measure(
                                scrape_metrics=cfg.scrape_metrics, watch=watch))
     s = summarize(res.samples, res.duration)
     s["warmup_requests"] = len(res.warmup)
+    s["warmup_s"] = res.warmup_s
     s["saturated"] = res.saturated
     s["stopped_early"] = res.stopped
     if cfg.slo:

@@ -168,7 +168,8 @@ class SearchReporter:
                     f"ttft p50/p99 {_fmt(ttft.get('p50'))}/{_fmt(ttft.get('p99'))} ms  "
                     f"e2e p99 {_fmt(e2e.get('p99'))} ms  "
                     f"{s['request_throughput']:.2f} req/s  failed {s['failed']}  "
-                    f"start {rec.startup_s:.0f} s")
+                    f"start {rec.startup_s:.0f} s, warm-up {s.get('warmup_s', 0):.1f} s, "
+                    f"measured {s['duration_s']:.1f} s")
             style = "green" if best is not None and best.number == rec.number else ""
         elif rec.status == "invalid":
             line = f"skipped, not launched: {rec.detail}"

@@ -41,6 +41,7 @@ class LoadResult:
     saturated: bool = False  # stopped early: in-flight requests piled up
     server: dict[str, Any] | None = None  # Prometheus view, when offered
     stopped: str | None = None  # why the measured phase ended early, if it did
+    warmup_s: float = 0.0  # wall time of the warm-up phase
 
 
 ProgressFn = Callable[[str, int, int | None], None]
@@ -183,12 +184,14 @@ async def run_load(
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
         warm: list[RequestSample] = []
+        w0 = time.perf_counter()
         if wl.warmup_requests:
             warm_source = RequestSource(wl, tokenizer, wl.seed + 1_000_003)
             warm, _, _ = await _phase(
                 session, url, model, wl, warm_source, wl.warmup_requests,
                 None, wl.seed + 1, "warm-up", progress, None,
             )
+        warmup_s = time.perf_counter() - w0
         watcher = None
         if scrape_metrics:
             from qtune.load.prometheus import MetricsWatcher
@@ -201,4 +204,5 @@ async def run_load(
             wl.seed, "measure", progress, max_inflight, watch,
         )
         server = await watcher.stop(session) if watcher else None
-    return LoadResult(samples, duration, warm, stopped == "saturated", server, stopped)
+    return LoadResult(samples, duration, warm, stopped == "saturated", server, stopped,
+                      warmup_s)
