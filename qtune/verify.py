@@ -57,7 +57,11 @@ def _context(profile: Profile) -> SpaceContext:
     mml = None
     if "--max-model-len" in profile.argv:
         mml = int(profile.argv[profile.argv.index("--max-model-len") + 1])
-    return SpaceContext(host, resolve_model(path), install, mml)
+    # Serve under the profile's name: the defaults side must answer to the
+    # same model name the measurement asks for.
+    model = dataclasses.replace(resolve_model(path),
+                                served_name=str(profile.model.get("served_name")))
+    return SpaceContext(host, model, install, mml)
 
 
 def verify(
