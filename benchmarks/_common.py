@@ -14,27 +14,42 @@ import numpy as np
 AGREEMENT = 0.05  # |qtune/vllm - 1| within this is "agreement"
 
 
+_last_seen = float("-inf")  # monotonic time another vLLM server was last seen
+
+
 def other_vllm_servers(own: Iterable[int] = ()) -> list[int]:
     """PIDs of vLLM API servers that are not ours (``pgrep -f vllm.entrypoints``)."""
+    global _last_seen
     res = subprocess.run(
         ["pgrep", "-f", "vllm.entrypoints"], capture_output=True, text=True
     )
     skip = set(own) | {os.getpid()}
-    return [int(p) for p in res.stdout.split() if int(p) not in skip]
+    pids = [int(p) for p in res.stdout.split() if int(p) not in skip]
+    if pids:
+        _last_seen = time.monotonic()
+    return pids
 
 
-def wait_until_alone(own: Iterable[int] = (), timeout: float = 1800.0) -> float:
-    """Block until no other vLLM server runs; returns seconds waited."""
+def wait_until_alone(
+    own: Iterable[int] = (), timeout: float = 3600.0, quiet: float = 0.0
+) -> float:
+    """Block until no other vLLM server runs and none has been seen for
+    ``quiet`` seconds (a test suite starts servers back to back); returns
+    seconds waited."""
     own = set(own)
     t0 = time.monotonic()
     said = False
-    while pids := other_vllm_servers(own):
-        if time.monotonic() - t0 > timeout:
+    while True:
+        pids = other_vllm_servers(own)
+        now = time.monotonic()
+        if not pids and now - _last_seen >= quiet:
+            break
+        if now - t0 > timeout:
             sys.exit(f"another vLLM server still runs after {timeout:.0f} s: {pids}")
-        if not said:
+        if pids and not said:
             print(f"  waiting: another vLLM server runs (pids {pids}) ...", flush=True)
             said = True
-        time.sleep(5)
+        time.sleep(1 if not pids else 3)
     waited = time.monotonic() - t0
     if said:
         print(f"  ... free after {waited:.0f} s", flush=True)

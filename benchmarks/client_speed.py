@@ -280,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-tries", type=int, default=3)
+    ap.add_argument("--quiet", type=float, default=10.0,
+                    help="seconds without another vLLM server before a run (10)")
     ap.add_argument("--no-wait", action="store_true",
                     help="do not wait for other vLLM servers to finish")
     ap.add_argument("--quick", action="store_true",
@@ -308,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
 
     if not a.no_wait:
-        wait_until_alone()
+        wait_until_alone(quiet=a.quiet)
     srv = MockServer(free_port(), a.chunk_write)
     results: dict[str, dict[str, list[dict]]] = {m: {c: [] for c in clients} for m in modes}
     try:
@@ -322,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                 for c in order:
                     for attempt in range(1, a.max_tries + 1):
                         if not a.no_wait:
-                            wait_until_alone()
+                            wait_until_alone(quiet=a.quiet)
                         with Monitor([srv.proc.pid]) as mon:
                             r = measure(c, srv, a, mode, n, tok, prompts)
                         r["foreign_cpu"] = mon.foreign_cpu

@@ -272,6 +272,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="40 requests, 1 repeat each, 4 prewarm (about 1.5 min)")
     ap.add_argument("--max-tries", type=int, default=3,
                     help="repeat a run that another vLLM server disturbed (3)")
+    ap.add_argument("--quiet", type=float, default=15.0,
+                    help="seconds without another vLLM server before a run (15)")
     ap.add_argument("--json", type=Path, help="write all figures here")
     ap.add_argument("--workdir", type=Path, help="keep logs/JSONL here")
     a = ap.parse_args(argv)
@@ -321,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  server: {' '.join(spec.argv[3:])}  env {dict(spec.env)}")
     print(f"  work dir {work}", flush=True)
 
-    wait_until_alone()
+    wait_until_alone(quiet=a.quiet)
     runs: list[Run] = []
     t_all = time.monotonic()
     bench_log = open(work / "vllm_bench.log", "w")  # noqa: SIM115
@@ -339,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(a.repeats):
             for client in ("qtune", "vllm"):
                 for attempt in range(1, a.max_tries + 1):
-                    wait_until_alone(own)
+                    wait_until_alone(own, quiet=a.quiet)
                     if a.prefix_cache == "reset":
                         reset_prefix_cache(spec.base_url)
                     t = time.monotonic()

@@ -184,6 +184,10 @@ def search(
     memory_check: Annotated[bool, typer.Option(
         help="Skip configs predicted not to fit in memory (recorded, not launched).")
     ] = True,
+    confirm_top: Annotated[int, typer.Option(
+        min=0, help="After the budget, re-measure this many best configs (0: off).")] = 3,
+    confirm_repeats: Annotated[int, typer.Option(
+        min=1, help="Fresh starts per confirmed config, interleaved.")] = 2,
     json_out: JsonOut = False,
 ) -> None:
     """Tune the engine's launch flags against a live load; write a profile."""
@@ -201,7 +205,8 @@ def search(
                      storage=storage, out=out, max_model_len=max_model_len,
                      startup_timeout=startup_timeout, seed=wl.seed, sampler=sampler,
                      time_budget=time_budget * 60 if time_budget else None,
-                     memory_check=memory_check)
+                     memory_check=memory_check, confirm_top=confirm_top,
+                     confirm_repeats=confirm_repeats)
     prep = prepare(cfg)
     with console.SearchReporter(objective) as rep:
         res = run_study(prep, rep)

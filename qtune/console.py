@@ -207,6 +207,13 @@ def render_search_result(res: Any) -> None:
               _fmt(w["request_throughput"]))
     t.add_row("failed", str((b or {}).get("failed", "-")), str(w["failed"]))
     out.print(t)
+    conf = (res.profile.metrics.get("confirmation") if res.profile else None) or {}
+    for n, c in sorted(conf.items(), key=lambda kv: int(kv[0])):
+        ci = c["ci95"]
+        out.print(f"confirmed trial {n}: median {_fmt(c['median'])} over "
+                  f"{len(c['values'])} runs"
+                  + (f" [95% CI {_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+                  + f" ({', '.join(_fmt(v) for v in c['values'])})")
     if res.improvement:
         out.print(f"improvement over the engine defaults: {res.improvement:.2f}x")
     elif res.baseline is not None and res.baseline.status != "ok":

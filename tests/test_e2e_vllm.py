@@ -69,7 +69,8 @@ def wait_gone(timeout: float = 40) -> list[psutil.Process]:
 
 
 def test_search_profile_emit_and_resume(tmp_path):
-    r = qtune("search", "--trials", "3", "--study", "e2e", "--json", *LOAD, cwd=tmp_path)
+    r = qtune("search", "--trials", "3", "--study", "e2e", "--json", "--confirm-top", "2",
+              "--confirm-repeats", "1", *LOAD, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout)
     launched = [t for t in res["trials"] if t["status"] != "invalid"]
@@ -87,6 +88,11 @@ def test_search_profile_emit_and_resume(tmp_path):
     assert profile.metrics["baseline"]["trial"] == 0
     assert profile.metrics["objective"]["best"] <= profile.metrics["objective"]["baseline"]
     assert "--port" in profile.argv and profile.model["load_format"] == "dummy"
+    # The two best configs were re-measured with a fresh start each; the
+    # winner is the best median, with every value kept.
+    conf = profile.metrics["confirmation"]
+    assert len(conf) == 2 and all(len(c["values"]) == 2 for c in conf.values())
+    assert str(profile.study.trial) in conf
     assert (tmp_path / "studies" / "e2e" / "trials.csv").is_file()
     assert wait_gone(10) == []
 
@@ -110,7 +116,8 @@ def test_search_profile_emit_and_resume(tmp_path):
     assert wait_gone(10) == []
 
     # Resume: one more launch, no second baseline.
-    r = qtune("search", "--trials", "4", "--study", "e2e", "--json", *LOAD, cwd=tmp_path)
+    r = qtune("search", "--trials", "4", "--study", "e2e", "--json", "--confirm-top", "0",
+              *LOAD, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     res2 = json.loads(r.stdout)
     launched2 = [t for t in res2["trials"] if t["status"] != "invalid"]
@@ -124,7 +131,8 @@ def test_startup_failure_is_recorded_and_the_study_goes_on(tmp_path):
     # config is predicted not to fit and never launched; only the baseline
     # (engine defaults) runs.
     (tmp_path / "space.yaml").write_text("VLLM_CPU_KVCACHE_SPACE: [100000]\n")
-    args = ["--trials", "2", "--space", "space.yaml", "--study", "kv", "--json", *LOAD]
+    args = ["--trials", "2", "--space", "space.yaml", "--study", "kv", "--json",
+            "--confirm-top", "0", *LOAD]
     r = qtune("search", *args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout)
@@ -150,7 +158,7 @@ def test_startup_failure_is_recorded_and_the_study_goes_on(tmp_path):
 def test_no_server_outlives_qtune(tmp_path, sig):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "QTUNE_TEST_MARK": MARK}
     p = subprocess.Popen([sys.executable, "-m", "qtune", "search", "--trials", "2",
-                          "--study", "sig", *LOAD], cwd=tmp_path, env=env,
+                          "--study", "sig", "--confirm-top", "0", *LOAD], cwd=tmp_path, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not vllm_servers() and time.monotonic() < deadline:
@@ -164,8 +172,8 @@ def test_no_server_outlives_qtune(tmp_path, sig):
         assert rc == 130
         assert "Traceback" not in p.stderr.read()
         # The interrupted trial is closed, so a resume does not see it RUNNING.
-        r = qtune("search", "--trials", "1", "--study", "sig", "--json", *LOAD,
-                  cwd=tmp_path)
+        r = qtune("search", "--trials", "1", "--study", "sig", "--json",
+                  "--confirm-top", "0", *LOAD, cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-2000:]
         states = [t["status"] for t in json.loads(r.stdout)["trials"]]
         assert "ok" in states

@@ -17,6 +17,7 @@ can teach is always recorded:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import re
@@ -416,7 +417,58 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
             continue
         _run_trial(prep, study, trial, params, reporter)
 
+    if cfg.confirm_top > 0 and cfg.confirm_repeats > 0:
+        confirm_top(prep, study, reporter)
     return _finish(prep, study)
+
+
+def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None:
+    """Re-measure the top K feasible configs with fresh starts, interleaved
+    (ABC, BCA, CAB, ...), and keep the medians and bootstrap intervals in the
+    study: one lucky measurement must not pick the winner."""
+    from qtune.bench import BenchConfig, _bootstrap_median, measure
+
+    cfg = prep.cfg
+    recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
+    feas = [r for r in recs if r.feasible and r.value is not None and r.status == "ok"]
+    sign = -1 if prep.direction == "maximize" else 1
+    top = sorted(feas, key=lambda r: sign * r.value)[: cfg.confirm_top]  # type: ignore[operator]
+    if len(top) < 2:
+        return  # nothing to choose between
+    previous = study.user_attrs.get("confirmation") or {}
+    values: dict[int, list[float]] = {r.number: [] for r in top}
+    failures: dict[int, int] = {r.number: 0 for r in top}
+    for rep in range(cfg.confirm_repeats):
+        order = top[rep % len(top):] + top[: rep % len(top)]
+        for r in order:
+            reporter.trial_phase(r.number, "confirming",
+                                 f"repeat {rep + 1}/{cfg.confirm_repeats}")
+            spec = prep.engine.launch_spec(r.params, prep.ctx, host="127.0.0.1",
+                                           port=free_port())
+            log = prep.study_dir / f"confirm-{r.number:03d}-{rep}.log"
+            try:
+                with Server(spec, log) as server:
+                    server.wait_ready(cfg.startup_timeout, classify=prep.engine.classify)
+                    wl = dataclasses.replace(cfg.workload, seed=cfg.workload.seed + 1 + rep)
+                    bcfg = BenchConfig(urls=[spec.base_url], workload=wl,
+                                       model=spec.served_model,
+                                       tokenizer=prep.ctx.model.tokenizer_dir, slo=cfg.slo)
+                    summary = measure(spec.base_url, spec.served_model, wl, bcfg)
+            except ServerError:
+                failures[r.number] += 1  # does not restart reliably
+                continue
+            v = objective_value(summary, cfg.objective)
+            if v is not None and summary["failed"] == 0:
+                values[r.number].append(v)
+            else:
+                failures[r.number] += 1
+    result = {}
+    for n, vals in values.items():
+        all_vals = [study.trials[n].value, *vals]
+        med, lo, hi = _bootstrap_median([float(v) for v in all_vals])
+        result[str(n)] = {"values": all_vals, "median": med, "failures": failures[n],
+                          "ci95": [lo, hi] if lo is not None else None}
+    study.set_user_attr("confirmation", {**previous, **result})
 
 
 def _estimate(prep: Prepared, params: dict[str, Any]) -> Any:
@@ -687,6 +739,16 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     trials = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
     _export_trials(study, prep.study_dir / "trials.csv")
     best = _best(study)
+    confirmation = study.user_attrs.get("confirmation") or {}
+    if best is not None and confirmation:
+        # The winner is the best *median* over the confirmation repeats.
+        sign = -1 if prep.direction == "maximize" else 1
+        # A config whose re-run failed (start or requests) cannot win while
+        # another re-ran cleanly.
+        clean = [k for k, c in confirmation.items() if not c.get("failures")]
+        n = min(clean or list(confirmation),
+                key=lambda k: sign * confirmation[k]["median"])
+        best = next(r for r in trials if r.number == int(n))
     baseline = next((r for r in trials if r.baseline and r.status == "ok"), None)
     baseline = baseline or next((r for r in trials if r.baseline), None)
     improvement = None
@@ -788,6 +850,7 @@ def build_profile(
             "best": _metrics_view(best),
             "baseline": _metrics_view(baseline),
             "startup_s": best.startup_s,
+            "confirmation": study.user_attrs.get("confirmation") or None,
         },
         workload=cfg.workload.to_dict(),
         slo=[str(s) for s in cfg.slo],

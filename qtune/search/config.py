@@ -214,4 +214,6 @@ class TuneConfig:
     seed: int = 0
     sampler: str = "tpe"
     memory_check: bool = True  # skip configs predicted not to fit
+    confirm_top: int = 3  # re-measure this many best configs after the budget
+    confirm_repeats: int = 2  # fresh starts each (plus the trial itself)
     time_budget: float | None = None  # seconds for the whole study
