@@ -257,6 +257,7 @@ ROWS = [  # key, label, digits
     ("cpu_us_per_req", "client CPU us/request", 0),
     ("server_cpu", "mock server CPU share", 2),
     ("wall_s", "wall s (whole call)", 2),
+    ("foreign_cpu", "foreign CPU share", 2),
     ("failed", "failed requests", 0),
 ]
 
@@ -267,10 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-write", choices=("each", "single"), default="each",
                     help="mock writes each SSE event separately (each) or the "
                     "whole stream in one write (single)")
-    ap.add_argument("--requests", type=int, default=1000,
-                    help="per run for burst and c64 (1000)")
-    ap.add_argument("--serial-requests", type=int, default=200,
-                    help="per run for c1 (200)")
+    ap.add_argument("--requests", type=int, default=2000,
+                    help="per run for burst and c64 (2000)")
+    ap.add_argument("--serial-requests", type=int, default=500,
+                    help="per run for c1 (500)")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--modes", default="burst,cN,c1",
                     help="comma list of burst, cN (--concurrency), c1")
@@ -279,7 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=32, help="SSE token chunks")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-tries", type=int, default=3)
+    ap.add_argument("--max-tries", type=int, default=4)
+    ap.add_argument("--max-foreign", type=float, default=0.10,
+                    help="repeat a run when other processes used more than this "
+                    "share of the machine's CPU meanwhile (0.10)")
     ap.add_argument("--quiet", type=float, default=10.0,
                     help="seconds without another vLLM server before a run (10)")
     ap.add_argument("--no-wait", action="store_true",
@@ -334,9 +338,15 @@ def main(argv: list[str] | None = None) -> int:
                               f" ms  {r['cpu_us_per_req']:.0f} us CPU/req  server "
                               f"CPU {r['server_cpu']:.0%}  foreign CPU "
                               f"{mon.foreign_cpu:.0%}", flush=True)
-                        if not mon.intruders or a.no_wait:
+                        r["tries"] = attempt
+                        why = []
+                        if mon.intruders:
+                            why.append("another vLLM server ran meanwhile")
+                        if mon.foreign_cpu > a.max_foreign:
+                            why.append(f"foreign CPU > {a.max_foreign:.0%}")
+                        if not why or a.no_wait:
                             break
-                        print(f"    another vLLM server ran meanwhile: "
+                        print("    " + "; ".join(why) + ": "
                               + ("repeating" if attempt < a.max_tries else "kept"),
                               flush=True)
                     results[mode][c].append(r)

@@ -272,6 +272,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="40 requests, 1 repeat each, 4 prewarm (about 1.5 min)")
     ap.add_argument("--max-tries", type=int, default=3,
                     help="repeat a run that another vLLM server disturbed (3)")
+    ap.add_argument("--max-foreign", type=float, default=0.10,
+                    help="repeat a run when other processes used more than this "
+                    "share of the machine's CPU meanwhile (0.10)")
     ap.add_argument("--quiet", type=float, default=15.0,
                     help="seconds without another vLLM server before a run (15)")
     ap.add_argument("--json", type=Path, help="write all figures here")
@@ -360,10 +363,16 @@ def main(argv: list[str] | None = None) -> int:
                           f"{r.failed} failed, TTFT p50 {fmt(r.reported['ttft_p50'])}"
                           f" ms, {r.throughput:.3f} req/s, foreign CPU "
                           f"{r.foreign_cpu:.0%}", flush=True)
-                    if not mon.intruders:
+                    why = []
+                    if mon.intruders:
+                        why.append(f"another vLLM server ran meanwhile "
+                                   f"({sorted(mon.intruders)})")
+                    if r.foreign_cpu > a.max_foreign:
+                        why.append(f"foreign CPU {r.foreign_cpu:.0%} > "
+                                   f"{a.max_foreign:.0%}")
+                    if not why:
                         break
-                    print(f"    another vLLM server ran meanwhile "
-                          f"({sorted(mon.intruders)}): "
+                    print("    " + "; ".join(why) + ": "
                           + ("repeating this run" if attempt < a.max_tries
                              else "kept, marked"), flush=True)
                 runs.append(r)

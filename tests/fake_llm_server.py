@@ -1,0 +1,55 @@
+"""A stand-in OpenAI streaming server for orchestration tests (not vLLM):
+python -m tests.fake_llm_server PORT NAME [--delay-ms N] [--crash]
+
+Each request streams ``max_tokens`` tokens, one per ``delay-ms``.  With
+--crash it prints a root cause and exits at start, like a config vLLM
+refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from aiohttp import web
+
+
+def main() -> None:
+    port, name, *opts = sys.argv[1:]
+    delay = float(opts[opts.index("--delay-ms") + 1]) / 1000 if "--delay-ms" in opts else 0.001
+    if "--crash" in opts:
+        print("ValueError: fake engine refuses --crash (No available memory for the "
+              "cache blocks)", flush=True)
+        sys.exit(1)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": name}]})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(body["max_tokens"]):
+            await asyncio.sleep(delay)
+            await resp.write(b"data: " + json.dumps(
+                {"choices": [{"index": 0, "text": " t"}]}).encode() + b"\n\n")
+        await resp.write(b"data: " + json.dumps({"choices": [], "usage": {
+            "prompt_tokens": 8, "completion_tokens": body["max_tokens"]}}).encode()
+            + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    print("serving", flush=True)
+    web.run_app(app, host="127.0.0.1", port=int(port), print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The search loop end to end with a stand-in engine (a real process and a
+real streaming server, but milliseconds per trial instead of vLLM's ~40 s):
+baseline first, refused combinations, startup failures, pruning, the top-K
+confirmation, the profile, resume and verify."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qtune.engines import ENGINES
+from qtune.engines.base import Failure, LaunchSpec, Param, SpaceContext, classify_by_patterns
+from qtune.host.installed import EngineInstall, InstalledEngines
+from qtune.load.workload import Workload
+from qtune.profile import Profile
+from qtune.search import tune
+from qtune.search.config import TuneConfig
+
+ROOT = Path(__file__).parent.parent.parent
+
+
+class FakeEngine:
+    name = "fake"
+
+    def space(self, ctx: SpaceContext) -> list[Param]:
+        return [Param("delay_ms", "choice", choices=(1, 30)),
+                Param("crash", "bool"),
+                Param("slots", "int", low=1, high=8)]
+
+    def baseline(self, ctx: SpaceContext) -> tuple[dict[str, Any], str | None]:
+        return {}, None
+
+    def check(self, params: Mapping[str, Any], ctx: SpaceContext) -> list[str]:
+        return ["slots > 6 is refused"] if params.get("slots", 0) > 6 else []
+
+    def launch_spec(self, params: Mapping[str, Any], ctx: SpaceContext, *, host: str,
+                    port: int) -> LaunchSpec:
+        argv = [sys.executable, "-m", "tests.fake_llm_server", str(port),
+                ctx.model.served_name, "--delay-ms", str(params.get("delay_ms", 10))]
+        if params.get("crash"):
+            argv.append("--crash")
+        argv += ["--port", str(port)]  # verify rewrites --port
+        return LaunchSpec(tuple(argv), {"PYTHONPATH": str(ROOT)}, host, port,
+                          ctx.model.served_name)
+
+    def classify(self, log_text: str) -> Failure:
+        return classify_by_patterns(log_text, [(r"No available memory", "oom")])
+
+
+@pytest.fixture
+def fake(monkeypatch, cpu_host, tmp_path):
+    import qtune.search as search
+
+    monkeypatch.setitem(ENGINES, "fake", FakeEngine())
+    host = dataclasses.replace(cpu_host, engines=InstalledEngines(
+        sys.executable, [EngineInstall("fake", "1.0", "cpu", sys.executable)]))
+    monkeypatch.setattr(search, "probe", lambda **kw: host)
+    # The fake server takes "--port N" as a trailing flag too.
+    import tests.fake_llm_server  # noqa: F401
+
+    return TuneConfig(
+        engine="fake", trials=6, seed=6, sampler="random",
+        workload=Workload(input_len=8, output_len=10, concurrency=2, requests=12,
+                          warmup_requests=2),
+        studies_dir=tmp_path / "studies", profiles_dir=tmp_path / "profiles",
+        study="fake", confirm_top=2, confirm_repeats=1, startup_timeout=60)
+
+
+def test_study_records_every_outcome_and_picks_a_confirmed_winner(fake):
+    res = tune(fake)
+    by_status: dict[str, list[Any]] = {}
+    for t in res.trials:
+        by_status.setdefault(t.status, []).append(t)
+    assert res.trials[0].baseline and res.trials[0].status == "ok"
+    launched = [t for t in res.trials if t.status != "invalid"]
+    assert len(launched) == 6
+    for t in by_status.get("invalid", []):
+        assert t.params["slots"] > 6 and t.argv == []  # never launched
+    for t in by_status.get("startup_failed", []):
+        assert t.params["crash"] and t.reason == "oom"
+    assert by_status.get("startup_failed"), "random sampler, seed 6, proposes a crashing config"
+    # The slow (30 ms/token) configs cannot beat a fast best: pruned early.
+    for t in by_status.get("pruned", []):
+        assert t.params["delay_ms"] == 30 and "cannot beat" in t.detail
+    assert res.best is not None and res.best.params.get("delay_ms", 10) <= 10
+    profile = Profile.load(res.profile_path)
+    conf = profile.metrics["confirmation"]
+    assert 1 <= len(conf) <= 2 and str(profile.study.trial) in conf
+    assert profile.params == res.best.params
+    assert (fake.studies_dir / "fake" / "trials.csv").is_file()
+
+    # Resume with a larger budget: one more launch, no second baseline.
+    res2 = tune(dataclasses.replace(fake, trials=7, confirm_top=0))
+    assert len([t for t in res2.trials if t.status != "invalid"]) == 7
+    assert sum(t.baseline for t in res2.trials) == 1
+
+
+def test_pruning_stops_slow_trials_early(fake, tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("crash: false\nslots: 2\n")
+    res = tune(dataclasses.replace(fake, space_file=space, trials=5, confirm_top=0,
+                                   study="prune"))
+    pruned = [t for t in res.trials if t.status == "pruned"]
+    assert pruned, [(t.params, t.status) for t in res.trials]
+    assert res.pruning["pruned"] == len(pruned) and res.pruning["measure_s_saved"] > 0
+    for t in pruned:
+        done = int(re.search(r"after (\d+)/12", t.detail).group(1))
+        assert done < 12
