@@ -109,6 +109,7 @@ class Monitor:
         self.every = every
         self.intruders: set[int] = set()
         self.foreign_cpu = 0.0
+        self.top_foreign: list[tuple[str, float]] = []  # (command, CPU s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -150,8 +151,22 @@ class Monitor:
         while not self._stop.wait(self.every):
             self.intruders.update(other_vllm_servers(own))
 
+    @staticmethod
+    def _all_cpu() -> dict[int, tuple[str, float]]:
+        import psutil
+
+        out = {}
+        for p in psutil.process_iter(["cmdline", "name", "cpu_times"]):
+            t = p.info["cpu_times"]
+            if t is None:
+                continue
+            cmd = " ".join(p.info["cmdline"] or []) or p.info["name"] or "?"
+            out[p.pid] = (cmd, t.user + t.system)
+        return out
+
     def __enter__(self) -> Monitor:
         self._t0 = time.monotonic()
+        self._procs0 = self._all_cpu()
         self._busy0, self._own0 = self._busy(), self._own_cpu()
         self._thread.start()
         return self
@@ -162,3 +177,17 @@ class Monitor:
         wall = time.monotonic() - self._t0
         foreign = (self._busy() - self._busy0) - (self._own_cpu() - self._own0)
         self.foreign_cpu = max(0.0, foreign) / max(1e-9, wall * (os.cpu_count() or 1))
+        own = {p.pid for p in self._own_procs()}
+        deltas = []
+        for pid, (cmd, cpu) in self._all_cpu().items():
+            if pid in own:
+                continue
+            d = cpu - self._procs0.get(pid, (cmd, 0.0))[1]
+            if d > 0.05:
+                deltas.append((cmd[:70], d))
+        self.top_foreign = sorted(deltas, key=lambda x: -x[1])[:3]
+
+    def describe(self) -> str:
+        if not self.top_foreign:
+            return ""
+        return "; ".join(f"{c} {d:.1f} s" for c, d in self.top_foreign)

@@ -346,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                             why.append(f"foreign CPU > {a.max_foreign:.0%}")
                         if not why or a.no_wait:
                             break
+                        if mon.describe():
+                            why.append("top others: " + mon.describe())
                         print("    " + "; ".join(why) + ": "
                               + ("repeating" if attempt < a.max_tries else "kept"),
                               flush=True)

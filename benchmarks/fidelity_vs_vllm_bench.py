@@ -372,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
                                    f"{a.max_foreign:.0%}")
                     if not why:
                         break
+                    if mon.describe():
+                        why.append("top others: " + mon.describe())
                     print("    " + "; ".join(why) + ": "
                           + ("repeating this run" if attempt < a.max_tries
                              else "kept, marked"), flush=True)

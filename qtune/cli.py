@@ -93,10 +93,10 @@ InputLen = Annotated[str | None, typer.Option(
 OutputLen = Annotated[str | None, typer.Option(
     help="Output tokens, same forms as --input-len [default 64].")]
 Requests = Annotated[int | None, typer.Option(
-    help="Measured requests per run [default 64 unless --duration].")]
+    help="Measured requests per run [default 200 unless --duration].")]
 Duration = Annotated[float | None, typer.Option(help="Measured seconds per run.")]
 Warmup = Annotated[int | None, typer.Option(
-    help="Warm-up requests, not counted [default 8].")]
+    help="Warm-up requests, not counted [default 16].")]
 Seed = Annotated[int | None, typer.Option(help="Seed for prompts and arrivals.")]
 Arrival = Annotated[str | None, typer.Option(help="poisson | constant (with --rate).")]
 Burstiness = Annotated[float | None, typer.Option(
@@ -121,7 +121,10 @@ def _workload(file: Path | None, **flags: Any) -> Any:
     if data.get("rate") is None and data.get("concurrency") is None:
         data["concurrency"] = 4
     if data.get("requests") is None and data.get("duration") is None:
-        data["requests"] = 64
+        # A p99 over fewer requests is mostly its one or two slowest.
+        data["requests"] = 200
+    if data.get("warmup_requests") is None:
+        data["warmup_requests"] = 16
     return Workload(**data)
 
 

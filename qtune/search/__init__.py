@@ -682,7 +682,7 @@ def make_pruner(prep: Prepared, best_value: float | None) -> Any:
     if (planned and best_value is not None and prep.direction == "minimize"
             and pct.startswith("p") and base in ("ttft", "e2e", "tpot")):
         targets.append((base, float(pct[1:]), best_value,
-                        f"{cfg.objective} cannot beat the best ({best_value:.1f} ms)"))
+                        f"{cfg.objective} cannot beat the best"))
     for slo in cfg.slo:
         b, _, p = slo.metric.rpartition("_")
         if planned and slo.op == "<=" and p.startswith("p") and b in ("ttft", "e2e", "tpot"):
@@ -702,7 +702,9 @@ def make_pruner(prep: Prepared, best_value: float | None) -> Any:
                 vals = [t for s in done if (t := s.tpot) is not None]
                 lower = []
             if percentile_exceeds_for_sure(vals, lower, planned, p, thr_ms / 1000.0):
-                return why
+                over = sum(1 for v in [*vals, *lower] if v > thr_ms / 1000.0)
+                return (f"{why}: {over} of {planned} requests already took longer than "
+                        f"{thr_ms:.1f} ms, enough to fix its p{p:g}")
         return None
 
     return watch if targets else (lambda done, inflight, now: (
@@ -751,13 +753,18 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     baseline = baseline or next((r for r in trials if r.baseline), None)
     improvement = None
     if best and baseline and baseline.value and best.value is not None:
+        b, w = baseline.value, best.value
+        if str(best.number) in confirmation and str(baseline.number) in confirmation:
+            # Both re-measured: compare medians, not single runs.
+            b = confirmation[str(baseline.number)]["median"]
+            w = confirmation[str(best.number)]["median"]
         if OBJECTIVES[cfg.objective] == "minimize":
-            improvement = baseline.value / best.value if best.value else None
+            improvement = b / w if w else None
         else:
-            improvement = best.value / baseline.value
+            improvement = w / b
     profile = path = None
     if best is not None:
-        profile = build_profile(prep, study, best, baseline, len(trials))
+        profile = build_profile(prep, study, best, baseline, len(trials), improvement)
         path = (cfg.out or (cfg.profiles_dir / f"{prep.study_name}.yaml")).resolve()
         profile.save(path)
     attrs = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
@@ -816,6 +823,7 @@ def build_profile(
     best: TrialRecord,
     baseline: TrialRecord | None,
     n_trials: int,
+    improvement: float | None,
 ) -> Profile:
     cfg = prep.cfg
     # The trial ran on a random port; the deployed server gets a fixed one.
@@ -831,10 +839,6 @@ def build_profile(
         if baseline else None
     if base_note:
         notes.append(base_note)
-    improvement = None
-    if baseline and baseline.value and best.value:
-        improvement = (baseline.value / best.value
-                       if prep.direction == "minimize" else best.value / baseline.value)
     return Profile(
         name=prep.study_name,
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
