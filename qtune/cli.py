@@ -221,6 +221,7 @@ def search(
             "improvement": res.improvement,
             "memory_estimate": res.memory_estimate,
             "pruning": res.pruning,
+            "stop_reason": res.stop_reason,
             "best": res.best.__dict__ if res.best else None,
             "baseline": res.baseline.__dict__ if res.baseline else None,
             "trials": [t.__dict__ for t in res.trials],

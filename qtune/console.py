@@ -57,9 +57,11 @@ def render_probe(d: dict[str, Any]) -> None:
                     f"x{g['pcie_width']}/{g['pcie_width_max']}")
             nv = (f", NVLink {g['nvlink_active_links']} links to {g['nvlink_peers']}"
                   if g["nvlink_active_links"] else "")
+            numa = (f"NUMA {g['numa_node']}" if g["numa_node"] is not None
+                    else "NUMA not reported")
             t.add_row(f"gpu {g['index']}",
                       f"{g['name']}, {_gib(g['memory_total'])}, cc {g['compute_capability']}, "
-                      f"NUMA {g['numa_node']}, {link}{nv}")
+                      f"{numa}, {link}{nv}")
     else:
         t.add_row("gpus", f"none ({d['gpu_driver']['note']})")
     eng = d["engines"]["installed"]
@@ -100,6 +102,7 @@ class SearchReporter:
         self.done_launched = 0
         self.trial_times: list[float] = []
         self.phase_text = ""
+        self.budget: float | None = None
 
     def __enter__(self) -> SearchReporter:
         if not self.quiet:
@@ -117,10 +120,18 @@ class SearchReporter:
             return "unknown"
         left = max(self.total - self.done_launched, 0)
         avg = sum(self.trial_times) / len(self.trial_times)
-        return f"~{left * avg / 60:.0f} min" if left else "0 min"
+        secs = left * avg
+        if self.budget:
+            secs = min(secs, max(0.0, self.budget - (time.monotonic() - self.started)))
+        return f"~{secs / 60:.0f} min" if left else "0 min"
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            err.print(Text(text, style="yellow"))
 
     def study_started(self, info: dict[str, Any]) -> None:
         self.total = info["trials"]
+        self.budget = info.get("time_budget")
         if self.quiet:
             return
         err.print(Text(f"study {info['study']}", style="bold"))

@@ -73,6 +73,12 @@ def verify(
     log_dir: Path = Path("studies/verify"),
 ) -> dict[str, Any]:
     engine = get_engine(profile.engine.name)
+    if against is None and not profile.params:
+        raise ProfileError(
+            f"profile {profile.name} is the engine defaults (no tuned parameters): "
+            "there is nothing to compare",
+            hint="verify a profile whose search found a better config, or use "
+            "--against OTHER_PROFILE")
     ctx = _context(profile)
     a = Side("profile", profile.argv, dict(profile.env))
     if against is None:

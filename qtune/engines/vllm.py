@@ -93,9 +93,15 @@ class VLLM:
                 log=True,
                 help="token budget of one engine step (prefill chunks + decodes)",
             ),
-            Param("enable_chunked_prefill", "bool", help="split long prefills"),
+
             Param("enable_prefix_caching", "bool", help="reuse KV of shared prefixes"),
         ]
+        if mml <= 16384:
+            # Off needs max_num_batched_tokens >= max_model_len: with a long
+            # context (Qwen3's 40960) nearly every "off" proposal would be
+            # refused, so it is tuned only where it can run (--space adds it).
+            params.insert(2, Param("enable_chunked_prefill", "bool",
+                                   help="split long prefills"))
         if ctx.install.build == "cpu":
             avail_gib = ctx.host.memory.available / 2**30
             # Leave room for weights, activations, the API server and the load
@@ -221,6 +227,8 @@ class VLLM:
         argv += ["--host", host, "--port", str(port)]
         space = {p.name: p for p in self.space(ctx)}
         env = {"HF_HUB_OFFLINE": "1"}
+        if ctx.install.pythonpath:
+            env["PYTHONPATH"] = ctx.install.pythonpath
         for name, value in sorted(params.items()):
             p = space.get(name)
             if (p is not None and p.target == "env") or name.isupper():

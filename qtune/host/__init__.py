@@ -54,6 +54,7 @@ class HostFacts:
     engines: InstalledEngines
     usable_cpus: list[int]
     findings: list[Finding] = field(default_factory=list)
+    nofile_limit: int | None = None  # RLIMIT_NOFILE soft limit of this process
 
     @property
     def gpus(self) -> list[GPU]:
@@ -103,6 +104,7 @@ class HostFacts:
                 "installed": [dataclasses.asdict(e) for e in self.engines.engines],
                 "error": self.engines.error,
             },
+            "nofile_limit": self.nofile_limit,
             "findings": [dataclasses.asdict(f) for f in self.findings],
             "fingerprint": self.fingerprint(),
         }
@@ -130,8 +132,16 @@ def probe(
         gpu=read_gpus(nvml, root),
         engines=find_engines(engine_python or sys.executable),
         usable_cpus=usable_cpus,
+        nofile_limit=_nofile() if root == Path("/") else None,
     )
     return dataclasses.replace(facts, findings=findings(facts))
+
+
+def _nofile() -> int | None:
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
 def gpu_numa_node(facts: HostFacts, gpu: GPU) -> int | None:
@@ -288,7 +298,9 @@ def findings(facts: HostFacts) -> list[Finding]:
             )
         )
     node_mem = sum(n.memory_total or 0 for n in facts.numa)
-    if node_mem and facts.memory.total and node_mem < 0.9 * facts.memory.total:
+    cpu_serving = not facts.gpus or (vllm is not None and vllm.build == "cpu")
+    if (cpu_serving and node_mem and facts.memory.total
+            and node_mem < 0.9 * facts.memory.total):
         out.append(
             Finding(
                 "numa-memory-view",
@@ -298,6 +310,16 @@ def findings(facts: HostFacts) -> list[Finding]:
                 "view, common in VMs)",
                 "vLLM's CPU backend sizes its default KV budget from the node: "
                 "set VLLM_CPU_KVCACHE_SPACE explicitly (qtune tunes it)",
+            )
+        )
+    if facts.nofile_limit is not None and facts.nofile_limit < 65536:
+        out.append(
+            Finding(
+                "open-files-limit",
+                "info",
+                f"open-files limit is {facts.nofile_limit}: vLLM warns below 65536 and "
+                "many concurrent streams can hit 'Too many open files'",
+                "ulimit -n 65536 for manual runs; the emitted unit sets LimitNOFILE=65536",
             )
         )
     avail = facts.memory.available / max(facts.memory.total, 1)

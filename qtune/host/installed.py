@@ -9,6 +9,7 @@ and torch's ``version.py`` takes milliseconds and tells the build apart.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ if spec and spec.submodule_search_locations:
     except OSError:
         pass
 out["vllm"] = {"dist": name, "version": ver} if name else None
+vspec = importlib.util.find_spec("vllm") if name else None
+out["vllm_location"] = vspec.origin if vspec else None
 out["torch"] = {"version": torch_ver, "cuda": torch_cuda}
 sg = dist("sglang")
 out["sglang"] = {"version": sg[1]} if sg[0] else None
@@ -54,6 +57,9 @@ class EngineInstall:
     build: str  # "cpu", "cuda", "rocm", or "binary"
     python: str | None
     location: str | None = None
+    # PYTHONPATH under which the engine was found, when it lives there (a
+    # --target install): servers, profiles and units must carry it too.
+    pythonpath: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,12 @@ def find_engines(python: str) -> InstalledEngines:
             build = "cuda"
         else:
             build = "cpu"
-        engines.append(EngineInstall("vllm", v["version"], build, python))
+        pypath = os.environ.get("PYTHONPATH")
+        loc = facts.get("vllm_location") or ""
+        needs = bool(pypath) and any(
+            p and loc.startswith(os.path.abspath(p)) for p in pypath.split(os.pathsep))
+        engines.append(EngineInstall("vllm", v["version"], build, python, loc or None,
+                                     pypath if needs else None))
     if facts.get("sglang"):
         engines.append(
             EngineInstall("sglang", facts["sglang"]["version"], "cuda", python)

@@ -59,12 +59,16 @@ _RETRYABLE = {"port_in_use"}
 
 
 class Reporter(Protocol):
+    def note(self, text: str) -> None: ...
     def study_started(self, info: dict[str, Any]) -> None: ...
     def trial_phase(self, number: int, phase: str, detail: str) -> None: ...
     def trial_done(self, rec: TrialRecord, best: TrialRecord | None) -> None: ...
 
 
 class NullReporter:
+    def note(self, text: str) -> None:
+        pass
+
     def study_started(self, info: dict[str, Any]) -> None:
         pass
 
@@ -133,6 +137,7 @@ class TuneResult:
     improvement: float | None  # best vs baseline, in the objective's sense
     memory_estimate: dict[str, Any] | None = None  # prediction vs launches
     pruning: dict[str, Any] | None = None  # trials stopped early, time saved
+    stop_reason: str | None = None  # why fewer than --trials were launched
 
 
 @dataclass
@@ -241,6 +246,18 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             f"cannot open storage {url}: {type(exc).__name__}: {exc}".splitlines()[0],
             hint="check the URL; PostgreSQL needs 'pip install psycopg2-binary'",
         ) from None
+
+
+def _tidy(params: dict[str, Any], dists: dict[str, BaseDistribution]) -> dict[str, Any]:
+    """Stepped floats come back as 0.7899999999999999: round them to their
+    step, so the engine, the profile and the unit see 0.79."""
+    out = dict(params)
+    for k, v in params.items():
+        d = dists.get(k)
+        if isinstance(d, FloatDistribution) and d.step:
+            digits = max(0, -math.floor(math.log10(d.step)) + 1)
+            out[k] = round(v, digits)
+    return out
 
 
 def distributions(params: list[Param]) -> dict[str, BaseDistribution]:
@@ -355,6 +372,7 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         "space": {p.name: _describe(p) for p in prep.params},
         "fixed": prep.fixed,
         "trials": cfg.trials,
+        "time_budget": cfg.time_budget,
         "workload": cfg.workload.to_dict(),
         "objective": cfg.objective,
         "slo": [str(s) for s in cfg.slo],
@@ -367,6 +385,8 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
                                               "pruned")
         )
 
+    started = time.monotonic()
+    stop_reason = None
     has_baseline = any(
         t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE
         for t in study.get_trials(deepcopy=False)
@@ -384,21 +404,21 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         _run_trial(prep, study, trial, params, reporter)
 
     invalid_run = 0
-    started = time.monotonic()
     while launched_count() < cfg.trials:
         if invalid_run >= 25:
             # Every recent proposal was refused without a launch: what is left
             # of the space cannot start.  Stop rather than spin.
+            stop_reason = "the last 25 proposals were all refused without a launch"
             break
         if cfg.time_budget is not None:
-            done = [t.user_attrs["total_s"] for t in study.get_trials(deepcopy=False)
-                    if t.user_attrs.get("total_s")]
-            typical = sum(done) / len(done) if done else 0.0
+            typical = _typical_trial_s(study)
             # Start a trial only if a typical one still fits in the budget.
             if time.monotonic() - started + typical > cfg.time_budget:
+                stop_reason = (f"time budget: {cfg.time_budget / 60:.0f} min, a trial "
+                               f"takes ~{typical / 60:.1f} min")
                 break
         trial = study.ask(dists)
-        params = {**trial.params, **prep.fixed}
+        params = {**_tidy(trial.params, dists), **prep.fixed}
         violations = prep.engine.check(params, prep.ctx)
         reason = "invalid_config"
         est = _estimate(prep, params)
@@ -417,9 +437,30 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
             continue
         _run_trial(prep, study, trial, params, reporter)
 
+    if stop_reason:
+        reporter.note(f"stopped before --trials: {stop_reason}")
     if cfg.confirm_top > 0 and cfg.confirm_repeats > 0:
-        confirm_top(prep, study, reporter)
-    return _finish(prep, study)
+        need = min(cfg.confirm_top, launched_count()) * cfg.confirm_repeats * \
+            _typical_trial_s(study)
+        if cfg.time_budget is not None and time.monotonic() - started + need > cfg.time_budget:
+            reporter.note("confirmation of the top configs skipped: it does not fit "
+                          "the time budget")
+        else:
+            confirm_top(prep, study, reporter)
+    res = _finish(prep, study)
+    res.stop_reason = stop_reason
+    return res
+
+
+def _typical_trial_s(study: optuna.Study) -> float:
+    """Median wall time of launched trials, the cold first start excluded
+    when there are others (it is not what the next trial costs)."""
+    done = [t.user_attrs["total_s"] for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get("total_s")]
+    if len(done) > 1:
+        done = done[1:]
+    done.sort()
+    return done[len(done) // 2] if done else 0.0
 
 
 def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None:
@@ -610,6 +651,10 @@ def _run_trial_inner(
         if partial is not None and not math.isnan(partial):
             trial.report(partial, step=done)
         rec.status, rec.reason = "pruned", "pruned"
+        # Percentiles over the requests that finished before the stop would
+        # read better than the truth: keep them apart from real summaries.
+        trial.set_user_attr("partial_summary", summary)
+        rec.summary = None
         trial.set_user_attr("requests_unsent", max(planned - done, 0) / max(planned, 1))
         rec.detail = (f"{summary['stopped_early']} after {done}/{planned} requests")
         _set_attrs(trial, rec)

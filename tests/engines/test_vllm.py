@@ -17,7 +17,8 @@ def test_get_engine_lists_choices():
 
 
 def test_cpu_space_has_kv_space_within_memory(cpu_ctx):
-    space = {p.name: p for p in VLLM().space(cpu_ctx)}
+    space = {p.name: p for p in VLLM().space(dataclasses.replace(cpu_ctx,
+                                                                 max_model_len=4096))}
     assert {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
             "enable_prefix_caching", "VLLM_CPU_KVCACHE_SPACE"} <= set(space)
     kv = space["VLLM_CPU_KVCACHE_SPACE"]
@@ -41,6 +42,20 @@ def test_gpu_space_tp_divides_heads(cpu_ctx):
     assert space["kv_cache_dtype"].choices == ("auto", "fp8")
     assert "VLLM_CPU_KVCACHE_SPACE" not in space
     assert VLLM().check({"tensor_parallel_size": 3}, ctx)
+
+
+def test_chunked_prefill_off_only_where_it_can_run(cpu_ctx):
+    # 40960-token context: "off" would need max_num_batched_tokens >= 40960.
+    assert "enable_chunked_prefill" not in {p.name for p in VLLM().space(cpu_ctx)}
+    short = dataclasses.replace(cpu_ctx, max_model_len=8192)
+    assert "enable_chunked_prefill" in {p.name for p in VLLM().space(short)}
+
+
+def test_pythonpath_install_is_carried(cpu_ctx):
+    ctx = dataclasses.replace(cpu_ctx, install=dataclasses.replace(
+        cpu_ctx.install, pythonpath="/tmp/site"))
+    assert VLLM().launch_spec({}, ctx, host="h", port=1).env["PYTHONPATH"] == "/tmp/site"
+    assert "PYTHONPATH" not in VLLM().launch_spec({}, cpu_ctx, host="h", port=1).env
 
 
 def test_check_hard_constraints(cpu_ctx):
