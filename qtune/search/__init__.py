@@ -27,12 +27,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import optuna
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
 from optuna.trial import TrialState
 
 from qtune import __version__
@@ -50,9 +44,19 @@ from qtune.search.config import (
     check_objective,
     load_space_file,
 )
+from qtune.search.pruning import make_pruner
+from qtune.search.space import (
+    SAMPLERS,
+    _describe,
+    _tidy,
+    distributions,
+    grid_values,
+    make_sampler,
+)
 from qtune.server import Server, free_port
 
-__all__ = ["Reporter", "TrialRecord", "TuneResult", "tune", "prepare"]
+__all__ = ["Reporter", "TrialRecord", "TuneResult", "distributions", "grid_values",
+           "make_sampler", "prepare", "tune"]
 
 # Infrastructure faults say nothing about the configuration: retry them.
 _RETRYABLE = {"port_in_use"}
@@ -246,88 +250,6 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             f"cannot open storage {url}: {type(exc).__name__}: {exc}".splitlines()[0],
             hint="check the URL; PostgreSQL needs 'pip install psycopg2-binary'",
         ) from None
-
-
-def _tidy(params: dict[str, Any], dists: dict[str, BaseDistribution]) -> dict[str, Any]:
-    """Stepped floats come back as 0.7899999999999999: round them to their
-    step, so the engine, the profile and the unit see 0.79."""
-    out = dict(params)
-    for k, v in params.items():
-        d = dists.get(k)
-        if isinstance(d, FloatDistribution) and d.step:
-            digits = max(0, -math.floor(math.log10(d.step)) + 1)
-            out[k] = round(v, digits)
-    return out
-
-
-def distributions(params: list[Param]) -> dict[str, BaseDistribution]:
-    out: dict[str, BaseDistribution] = {}
-    for p in params:
-        if p.kind == "int":
-            out[p.name] = IntDistribution(int(p.low), int(p.high), log=p.log)  # type: ignore[arg-type]
-        elif p.kind == "float":
-            out[p.name] = FloatDistribution(
-                float(p.low), float(p.high), log=p.log,  # type: ignore[arg-type]
-                step=None if p.log else p.step,
-            )
-        elif p.kind == "bool":
-            out[p.name] = CategoricalDistribution((False, True))
-        else:
-            out[p.name] = CategoricalDistribution(p.choices)
-    return out
-
-
-SAMPLERS = ("tpe", "gp", "random", "grid", "nsga2")
-
-
-def make_sampler(
-    name: str, params: list[Param], seed: int, trials: int
-) -> optuna.samplers.BaseSampler:
-    """TPE by default (Optuna 5: multivariate, constant liar).  Few random
-    start-up trials: every trial costs a server start."""
-    startup = min(5, max(trials // 3, 1))
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, startup))
-    if name == "gp":
-        try:
-            import scipy  # noqa: F401
-            import torch  # noqa: F401
-        except ImportError:
-            raise InputError("--sampler gp needs scipy and torch",
-                             hint="pip install scipy torch, or use --sampler tpe") from None
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
-    if name == "grid":
-        return optuna.samplers.GridSampler(grid_values(params), seed=seed)
-    raise InputError(f"--sampler: unknown sampler {name!r}",
-                     hint="choose one of " + ", ".join(SAMPLERS))
-
-
-def grid_values(params: list[Param]) -> dict[str, list[Any]]:
-    """A grid over the space: choices as they are, booleans both ways,
-    numeric ranges by powers of two (log) or five even steps."""
-    grid: dict[str, list[Any]] = {}
-    for p in params:
-        if p.kind == "bool":
-            grid[p.name] = [False, True]
-        elif p.kind == "choice":
-            grid[p.name] = list(p.choices)
-        elif p.kind == "int" and p.log:
-            vals, v = [], 1
-            while v <= p.high:  # type: ignore[operator]
-                if v >= p.low:  # type: ignore[operator]
-                    vals.append(v)
-                v *= 2
-            grid[p.name] = vals or [int(p.low)]  # type: ignore[arg-type]
-        else:
-            lo, hi = float(p.low), float(p.high)  # type: ignore[arg-type]
-            vals_f = [lo + (hi - lo) * i / 4 for i in range(5)]
-            grid[p.name] = sorted({int(round(v)) if p.kind == "int" else round(v, 3)
-                                   for v in vals_f})
-    return grid
 
 
 def tune(cfg: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
@@ -555,14 +477,6 @@ def _check_resume(study: optuna.Study, prep: Prepared) -> None:
         )
 
 
-def _describe(p: Param) -> str:
-    if p.kind in ("int", "float"):
-        return f"{p.low:g}..{p.high:g}" + (" (log)" if p.log else "")
-    if p.kind == "bool":
-        return "on/off"
-    return "|".join(map(str, p.choices))
-
-
 def _set_attrs(trial: optuna.Trial, rec: TrialRecord) -> None:
     trial.set_user_attr("launch_params", rec.params)
     trial.set_user_attr("status", rec.status)
@@ -711,49 +625,6 @@ def _measure(prep: Prepared, spec: Any, n: int, reporter: Reporter, baseline: bo
     watch = None if baseline else make_pruner(prep, best_value)
     return measure(spec.base_url, spec.served_model, cfg.workload, bcfg,
                    progress=progress, watch=watch)
-
-
-def make_pruner(prep: Prepared, best_value: float | None) -> Any:
-    """Stop a measurement as soon as the trial cannot win: its objective
-    percentile will exceed the best so far, an SLO percentile its limit, or
-    a request failed (infeasible).  The percentile test is exact
-    (``percentile_exceeds_for_sure``), so no possible winner is dropped."""
-    from qtune.metrics import percentile_exceeds_for_sure
-
-    cfg = prep.cfg
-    planned = cfg.workload.requests
-    targets: list[tuple[str, float, float, str]] = []
-    base, _, pct = cfg.objective.rpartition("_")
-    if (planned and best_value is not None and prep.direction == "minimize"
-            and pct.startswith("p") and base in ("ttft", "e2e", "tpot")):
-        targets.append((base, float(pct[1:]), best_value,
-                        f"{cfg.objective} cannot beat the best"))
-    for slo in cfg.slo:
-        b, _, p = slo.metric.rpartition("_")
-        if planned and slo.op == "<=" and p.startswith("p") and b in ("ttft", "e2e", "tpot"):
-            targets.append((b, float(p[1:]), slo.limit, f"breaks SLO {slo}"))
-
-    def watch(done: list[Any], inflight: list[Any], now: float) -> str | None:
-        if any(not s.ok for s in done):
-            return "a request failed"
-        for b, p, thr_ms, why in targets:
-            if b == "ttft":
-                vals = [s.ttft for s in done if s.ttft is not None]
-                lower = [s.ttft if s.ttft is not None else now - s.start for s in inflight]
-            elif b == "e2e":
-                vals = [s.e2e for s in done if s.e2e is not None]
-                lower = [now - s.start for s in inflight]
-            else:
-                vals = [t for s in done if (t := s.tpot) is not None]
-                lower = []
-            if percentile_exceeds_for_sure(vals, lower, planned, p, thr_ms / 1000.0):
-                over = sum(1 for v in [*vals, *lower] if v > thr_ms / 1000.0)
-                return (f"{why}: {over} of {planned} requests already took longer than "
-                        f"{thr_ms:.1f} ms, enough to fix its p{p:g}")
-        return None
-
-    return watch if targets else (lambda done, inflight, now: (
-        "a request failed" if any(not s.ok for s in done) else None))
 
 
 def _at_load(wl: Any, value: float | None) -> Any:

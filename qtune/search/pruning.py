@@ -1,0 +1,51 @@
+"""Early stop of a trial's measurement (pruning)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from qtune.search import Prepared
+
+
+def make_pruner(prep: Prepared, best_value: float | None) -> Any:
+    """Stop a measurement as soon as the trial cannot win: its objective
+    percentile will exceed the best so far, an SLO percentile its limit, or
+    a request failed (infeasible).  The percentile test is exact
+    (``percentile_exceeds_for_sure``), so no possible winner is dropped."""
+    from qtune.metrics import percentile_exceeds_for_sure
+
+    cfg = prep.cfg
+    planned = cfg.workload.requests
+    targets: list[tuple[str, float, float, str]] = []
+    base, _, pct = cfg.objective.rpartition("_")
+    if (planned and best_value is not None and prep.direction == "minimize"
+            and pct.startswith("p") and base in ("ttft", "e2e", "tpot")):
+        targets.append((base, float(pct[1:]), best_value,
+                        f"{cfg.objective} cannot beat the best"))
+    for slo in cfg.slo:
+        b, _, p = slo.metric.rpartition("_")
+        if planned and slo.op == "<=" and p.startswith("p") and b in ("ttft", "e2e", "tpot"):
+            targets.append((b, float(p[1:]), slo.limit, f"breaks SLO {slo}"))
+
+    def watch(done: list[Any], inflight: list[Any], now: float) -> str | None:
+        if any(not s.ok for s in done):
+            return "a request failed"
+        for b, p, thr_ms, why in targets:
+            if b == "ttft":
+                vals = [s.ttft for s in done if s.ttft is not None]
+                lower = [s.ttft if s.ttft is not None else now - s.start for s in inflight]
+            elif b == "e2e":
+                vals = [s.e2e for s in done if s.e2e is not None]
+                lower = [now - s.start for s in inflight]
+            else:
+                vals = [t for s in done if (t := s.tpot) is not None]
+                lower = []
+            if percentile_exceeds_for_sure(vals, lower, planned, p, thr_ms / 1000.0):
+                over = sum(1 for v in [*vals, *lower] if v > thr_ms / 1000.0)
+                return (f"{why}: {over} of {planned} requests already took longer than "
+                        f"{thr_ms:.1f} ms, enough to fix its p{p:g}")
+        return None
+
+    return watch if targets else (lambda done, inflight, now: (
+        "a request failed" if any(not s.ok for s in done) else None))
