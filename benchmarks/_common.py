@@ -83,10 +83,10 @@ def verdict(r: float | None, tol: float = AGREEMENT) -> str:
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
     line = lambda r: "  ".join(  # noqa: E731
         str(c).ljust(w) if i == 0 else str(c).rjust(w)
-        for i, (c, w) in enumerate(zip(r, widths))
+        for i, (c, w) in enumerate(zip(r, widths, strict=True))
     )
     out = [line(headers), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in rows]

@@ -10,9 +10,11 @@ their own cost plus the loopback and the mock's HTTP handling.
 Clients, in this (benchmark) process only, one at a time:
 
   qtune        ``qtune.load.run_load`` as ``qtune search`` calls it (prompts
-               drawn from the word-level tokenizer while sending)
+               drawn from the word-level tokenizer)
   qtune-notok  the same without a tokenizer (prompts of common words):
-               isolates the cost of qtune's prompt generation
+               isolates the cost of qtune's prompt generation (built before
+               the first send in current qtune, so it shows in CPU/request
+               and wall time, not in req/s or latency)
   vllm         ``vllm.benchmarks.serve.benchmark`` (the loop of
                ``vllm bench serve``), prompts pre-built from the same
                ``PromptFactory`` sequence
@@ -298,13 +300,24 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.requests, a.serial_requests, a.repeats = 300, 100, 1
 
-    from qtune.load.workload import PromptFactory
+    from qtune.load import Workload
     from qtune.model import resolve_model
     from qtune.server import free_port
 
     tok = resolve_model(None).tokenizer_dir
-    pf = PromptFactory(tok, a.seed)  # the sequence qtune's run_load draws
-    prompts = [pf.prompt(a.input_len) for _ in range(max(a.requests, a.serial_requests))]
+    n_max = max(a.requests, a.serial_requests)
+    try:  # the sequence qtune's run_load draws
+        from qtune.load.workload import RequestSource
+
+        wl = Workload(input_len=a.input_len, output_len=a.output_len, requests=n_max,
+                      warmup_requests=0, seed=a.seed, concurrency=1)
+        prompts = [(r.prompt, r.prompt_tokens)
+                   for r in RequestSource(wl, tok, a.seed).take(n_max)]
+    except ImportError:  # older qtune
+        from qtune.load.workload import PromptFactory
+
+        pf = PromptFactory(tok, a.seed)
+        prompts = [pf.prompt(a.input_len) for _ in range(n_max)]
     modes = [f"c{a.concurrency}" if m == "cN" else m for m in a.modes.split(",")]
     clients = a.clients.split(",")
     print(f"client speed: {', '.join(clients)}; modes {', '.join(modes)}; "

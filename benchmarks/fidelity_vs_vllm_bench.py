@@ -217,6 +217,24 @@ def run_vllm_reqfunc(base_url: str, model: str, prompts: list[tuple[str, int]],
     return _vllm_run_from_outputs(list(outs), dur, i)
 
 
+def measured_prompts(tok: Path, a: argparse.Namespace) -> list[tuple[str, int]]:
+    """The (prompt, tokens) sequence run_load sends in its measured phase."""
+    from qtune.load import Workload
+
+    wl = Workload(input_len=a.input_len, output_len=a.output_len, rate=a.rate,
+                  requests=a.requests, warmup_requests=0, seed=a.seed)
+    try:
+        from qtune.load.workload import RequestSource
+    except ImportError:  # older qtune: prompts drawn straight from PromptFactory
+        from qtune.load.workload import PromptFactory
+
+        pf = PromptFactory(tok, a.seed)
+        return [pf.prompt(a.input_len) for _ in range(a.requests)]
+    reqs = RequestSource(wl, tok, a.seed).take(a.requests)
+    assert all(r.max_tokens == a.output_len for r in reqs)
+    return [(r.prompt, r.prompt_tokens) for r in reqs]
+
+
 # ----------------------------------------------------------------- pooling
 def pooled(runs: list[Run]) -> dict[str, float | None]:
     """p50/p99 over all requests of all runs of one client, each tool's code."""
@@ -291,7 +309,6 @@ def main(argv: list[str] | None = None) -> int:
     from qtune.engines.vllm import VLLM
     from qtune.host import probe
     from qtune.load import Workload, run_load
-    from qtune.load.workload import PromptFactory
     from qtune.model import resolve_model
     from qtune.server import Server, free_port
 
@@ -301,8 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = m.tokenizer_dir
 
     # One fixed prompt set, exactly the sequence qtune's run_load draws.
-    pf = PromptFactory(tok, a.seed)
-    prompts = [pf.prompt(a.input_len) for _ in range(a.requests)]
+    prompts = measured_prompts(tok, a)
     jsonl = work / "prompts.jsonl"
     with jsonl.open("w") as f:
         for text, _ in prompts:

@@ -1,7 +1,11 @@
 """One streaming request against an OpenAI-compatible server.
 
 Timing follows ``vllm bench serve`` so the two can be compared: timestamps
-are ``time.perf_counter()`` at the arrival of each SSE chunk carrying text;
+are ``time.perf_counter()`` at the arrival of each SSE chunk carrying text
+(vLLM's client also times chunks whose text is empty, such as a token that
+ends mid-UTF-8 character; with one token per chunk, as vLLM streams, the two
+coincide, and benchmarks/fidelity_vs_vllm_bench.py prints chunks per token to
+catch the difference);
 TTFT = first such chunk − send; ITL = gaps between such chunks; E2E = last
 such chunk − send (the trailing usage-only chunk is excluded); output tokens
 come from the server's ``usage`` when it reports one.

@@ -112,3 +112,13 @@ def test_workload_file(tmp_path):
 def test_workload_rejects(kw):
     with pytest.raises(InputError):
         Workload(**kw)
+
+
+def test_count_bound_poisson_offers_exactly_the_rate():
+    from qtune.load import _normalised
+
+    for seed in range(5):
+        gap = _normalised(inter_arrivals(Workload(rate=4), random.Random(seed)), 200, 4.0)
+        xs = [gap() for _ in range(200)]
+        assert sum(xs) == pytest.approx(50.0)  # 200 requests / 4 req/s
+        assert statistics.pstdev(xs) > 0.1  # still random gaps
