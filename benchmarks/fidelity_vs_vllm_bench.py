@@ -194,7 +194,13 @@ def run_vllm_reqfunc(base_url: str, model: str, prompts: list[tuple[str, int]],
             connector=connector, trust_env=True,
             timeout=aiohttp.ClientTimeout(total=6 * 3600),
         ) as session:
-            rng = random.Random(a.seed)  # qtune's schedule: same seed, same draws
+            # qtune's own schedule (same seed, same draws, same rescaling to
+            # N/rate), so both clients send at the same instants.
+            from qtune.load import Workload, _normalised, inter_arrivals
+
+            wl = Workload(rate=a.rate, requests=len(prompts))
+            gap = _normalised(inter_arrivals(wl, random.Random(a.seed)), len(prompts),
+                              a.rate)
             t0 = time.perf_counter()
             next_at = t0
             tasks = []
@@ -209,7 +215,7 @@ def run_vllm_reqfunc(base_url: str, model: str, prompts: list[tuple[str, int]],
                 )
                 tasks.append(asyncio.create_task(
                     async_request_openai_completions(inp, session)))
-                next_at += rng.expovariate(a.rate)
+                next_at += gap()
             outs = await asyncio.gather(*tasks)
             return outs, time.perf_counter() - t0
 
