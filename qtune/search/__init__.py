@@ -244,7 +244,11 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
         if url.startswith("sqlite:///"):
             Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.RDBStorage(url, heartbeat_interval=60, grace_period=180)
+        # No heartbeat: Optuna runs it only under Study.optimize, and qtune
+        # drives ask/tell; trials a killed run left RUNNING are failed on
+        # resume instead (run_study).  SQLite gets a lock timeout.
+        kwargs = {"connect_args": {"timeout": 20.0}} if url.startswith("sqlite") else {}
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
     except Exception as exc:  # sqlalchemy/driver errors vary widely
         raise StudyError(
             f"cannot open storage {url}: {type(exc).__name__}: {exc}".splitlines()[0],

@@ -112,3 +112,12 @@ def test_pruning_stops_slow_trials_early(fake, tmp_path):
     for t in pruned:
         done = int(re.search(r"after (\d+)/12", t.detail).group(1))
         assert done < 12
+
+
+def test_sqlite_storage_and_resume(fake, tmp_path):
+    cfg = dataclasses.replace(fake, trials=2, confirm_top=0, study="sql",
+                              storage=f"sqlite:///{tmp_path / 'db' / 'studies.db'}")
+    res = tune(cfg)
+    assert res.storage.startswith("sqlite:///") and res.trials[0].baseline
+    res2 = tune(dataclasses.replace(cfg, trials=3))
+    assert len([t for t in res2.trials if t.status != "invalid"]) == 3
