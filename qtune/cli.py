@@ -113,9 +113,22 @@ SloOpt = Annotated[str | None, typer.Option(
     help="Constraints, e.g. 'ttft_p99<=500ms,tpot_p99<=50ms,e2e_p99<=3s'.")]
 
 
-def _workload(file: Path | None, **flags: Any) -> Any:
+# CLI option name → Workload field, for the options search and bench share.
+_WORKLOAD_FLAGS = {"input_len": "input_len", "output_len": "output_len", "rate": "rate",
+                   "concurrency": "concurrency", "requests": "requests",
+                   "duration": "duration", "warmup": "warmup_requests", "seed": "seed",
+                   "arrival": "arrival", "burstiness": "burstiness", "dataset": "dataset",
+                   "prefix_count": "prefix_count", "prefix_len": "prefix_len",
+                   "endpoint": "endpoint"}
+
+
+def _workload(options: dict[str, Any]) -> Any:
+    """One Workload from a command's options: the --workload file, then the
+    flags given on the command line over it, then the defaults."""
     from qtune.load.workload import Workload, load_workload_file
 
+    file = options.get("workload")
+    flags = {field: options[opt] for opt, field in _WORKLOAD_FLAGS.items()}
     data = load_workload_file(file) if file else {}
     data.update({k: v for k, v in flags.items() if v is not None})
     if data.get("rate") is None and data.get("concurrency") is None:
@@ -197,11 +210,7 @@ def search(
     from qtune import console
     from qtune.search import prepare, run_study
     from qtune.search.config import TuneConfig, parse_slo
-    wl = _workload(workload, input_len=input_len, output_len=output_len, rate=rate,
-                   concurrency=concurrency, requests=requests, duration=duration,
-                   warmup_requests=warmup, seed=seed, arrival=arrival,
-                   burstiness=burstiness, dataset=dataset, prefix_count=prefix_count,
-                   prefix_len=prefix_len, endpoint=endpoint)
+    wl = _workload(locals())
     cfg = TuneConfig(model=model, engine=engine, engine_python=engine_python,
                      trials=trials, workload=wl, objective=objective,
                      slo=parse_slo(slo), space_file=space, study=study,
@@ -276,11 +285,7 @@ def bench(
 
         raise InputError("--url: give one endpoint, or two to compare",
                          hint="compare more configs pairwise")
-    wl = _workload(workload, input_len=input_len, output_len=output_len, rate=rate,
-                   concurrency=concurrency, requests=requests, duration=duration,
-                   warmup_requests=warmup, seed=seed, arrival=arrival,
-                   burstiness=burstiness, dataset=dataset, prefix_count=prefix_count,
-                   prefix_len=prefix_len, endpoint=endpoint)
+    wl = _workload(locals())
     cfg = BenchConfig(urls=url, workload=wl, model=model, tokenizer=tokenizer,
                       slo=parse_slo(slo), repeat=repeat, find_capacity=find_capacity,
                       scrape_metrics=not no_metrics)
