@@ -701,26 +701,11 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
 
 
 def _export_trials(study: optuna.Study, path: Path) -> None:
-    import pandas as pd
-
+    # The same table `qtune report` shows (imported here: report imports us).
     from qtune.profile import write_atomic
+    from qtune.report import trials_frame
 
-    rows = []
-    for t in study.get_trials(deepcopy=False):
-        r = TrialRecord.from_frozen(t)
-        row: dict[str, Any] = {"trial": r.number, "baseline": r.baseline,
-                               "status": r.status, "reason": r.reason,
-                               "value": r.value, "feasible": r.feasible,
-                               "startup_s": r.startup_s, "measure_s": r.measure_s}
-        row.update({f"param.{k}": v for k, v in r.params.items()})
-        for m in ("ttft", "tpot", "e2e"):
-            for p in ("p50", "p99"):
-                stats = (r.summary or {}).get(f"{m}_ms") or {}
-                row[f"{m}_{p}_ms"] = stats.get(p)
-        row["req_per_s"] = (r.summary or {}).get("request_throughput")
-        row["failed"] = (r.summary or {}).get("failed")
-        rows.append(row)
-    write_atomic(path, pd.DataFrame(rows).to_csv(index=False))
+    write_atomic(path, trials_frame(study).to_csv(index=False))
 
 
 def _metrics_view(rec: TrialRecord | None) -> dict[str, Any] | None:
