@@ -99,7 +99,9 @@ def measure(
     return s
 
 
-def _bootstrap_median(values: list[float], seed: int = 0) -> tuple[float, float | None, float | None]:
+def _bootstrap_median(
+    values: list[float], seed: int = 0
+) -> tuple[float, float | None, float | None]:
     arr = np.asarray(values, dtype=float)
     med = float(np.median(arr))
     if arr.size < 3:

@@ -58,6 +58,9 @@ class Profile(_Strict):
     host: dict[str, Any]
     study: StudyRef
     notes: list[str] = []
+    # NUMA node and CPUs to run on, from the probe at tuning time
+    # (qtune.host.placement); numa_node None means "no placement".
+    placement: dict[str, Any] | None = None
 
     @field_validator("argv")
     @classmethod

@@ -63,7 +63,7 @@ class QueueServer:
         self.loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
-        self.url = "http://127.0.0.1:%d" % runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         self.ready.set()
         self.loop.run_forever()
 

@@ -14,8 +14,7 @@ def _study(tmp_path, monkeypatch):
     url = f"journal://{tmp_path / 'studies' / 's.log'}"
     study = optuna.create_study(study_name="s", storage=open_storage(url))
     study.set_user_attr("objective", "e2e_p99")
-    for i, (seqs, e2e) in enumerate([(None, 400.0), (8, 300.0), (64, 250.0),
-                                     (16, 350.0), (32, None)]):
+    for seqs, e2e in [(None, 400.0), (8, 300.0), (64, 250.0), (16, 350.0), (32, None)]:
         t = study.ask({"max_num_seqs": IntDistribution(4, 256)} if seqs else {})
         if seqs is None:
             t.set_user_attr("baseline", True)

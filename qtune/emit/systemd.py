@@ -113,5 +113,15 @@ def render(profile: Profile) -> str:
     if gpu:
         # PrivateDevices would hide /dev/nvidia*; list them instead.
         lines += ["DevicePolicy=closed", "DeviceAllow=char-nvidia* rw"]
+    place = profile.placement or {}
+    if place.get("numa_node") is not None:
+        # Threads and memory on the node next to the GPU (or one node for
+        # CPU serving): remote memory costs bandwidth on every step.
+        lines += [f"# NUMA: {place.get('why', '')}",
+                  f"CPUAffinity={place['cpus']}",
+                  "NUMAPolicy=bind",
+                  f"NUMAMask={place['numa_node']}"]
+    elif place.get("why"):
+        lines.append(f"# NUMA: {place['why']}")
     lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)

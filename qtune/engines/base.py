@@ -36,6 +36,9 @@ class Param:
     choices: tuple[Any, ...] = ()
     target: str = "flag"  # "flag" | "env"
     help: str = ""
+    # Launch only powers of two (ints): fewer distinct values, so a later
+    # trial can reuse what an earlier one compiled (vLLM's compile ranges).
+    pow2: bool = False
 
     def __post_init__(self) -> None:
         if self.kind in ("int", "float") and (
@@ -85,6 +88,19 @@ class SpaceContext:
 
 
 @dataclass(frozen=True)
+class LoadView:
+    """What the search knows of the load when it shapes the space: the
+    offered load and, once measured, the engine defaults' run summary."""
+
+    rate: float | None
+    concurrency: int | None
+    output_len: float  # mean output tokens
+    shared_prefix: bool  # do prompts share prefixes (prefix caching can help)
+    baseline: Mapping[str, Any] | None = None
+    baseline_params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Failure:
     reason: str  # oom | invalid_config | timeout | port_in_use | environment | crash
     detail: str
@@ -112,6 +128,14 @@ class Engine(Protocol):
 
     def check(self, params: Mapping[str, Any], ctx: SpaceContext) -> list[str]:
         """Violated hard constraints (the engine would refuse to start)."""
+        ...
+
+    def shape(
+        self, params: list[Param], ctx: SpaceContext, load: LoadView
+    ) -> tuple[list[Param], dict[str, Any], list[str]]:
+        """Narrow the space with what the load and the defaults run showed:
+        (params, values fixed instead of tuned, one note per change).  Only
+        parameters the user did not set in ``--space`` are passed in."""
         ...
 
     def launch_spec(

@@ -15,12 +15,15 @@ Facts used here (vLLM 0.32; engines.md §1-4):
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from qtune.engines.base import (
     Failure,
     LaunchSpec,
+    LoadView,
     Param,
     SpaceContext,
     classify_by_patterns,
@@ -91,6 +94,9 @@ class VLLM:
                 low=256,
                 high=max(16384, mml),
                 log=True,
+                # On CUDA each distinct value is a new torch.compile range
+                # (~40 s at start); powers of two let trials share the cache.
+                pow2=ctx.install.build != "cpu",
                 help="token budget of one engine step (prefill chunks + decodes)",
             ),
 
@@ -185,6 +191,70 @@ class VLLM:
             f"VLLM_CPU_KVCACHE_SPACE={kv}",
         )
 
+    def shape(
+        self, params: list[Param], ctx: SpaceContext, load: LoadView
+    ) -> tuple[list[Param], dict[str, Any], list[str]]:
+        """Cut the parts of the space that this load cannot use.  Each rule
+        comes from a fact of the load or of the defaults run, never from a
+        value known to win; the notes say which fact, in the study's output."""
+        base = load.baseline or {}
+        server = base.get("server") or {}
+        need = _in_flight(load, base)
+        out: list[Param] = []
+        fixed: dict[str, Any] = {}
+        notes: list[str] = []
+        floor = None
+        for p in params:
+            if p.name == "max_num_seqs" and p.kind == "int":
+                lo, hi = int(p.low), int(p.high)  # type: ignore[arg-type]
+                if load.concurrency:
+                    # The client never has more in flight: a larger batch
+                    # limit cannot change anything.
+                    hi = max(lo, min(hi, load.concurrency))
+                elif need:
+                    # The defaults ran `need` requests at once.  A limit far
+                    # below that can only queue requests (it would need steps
+                    # 4x faster than the defaults' to keep up); one far above
+                    # it is never reached.
+                    lo = max(lo, math.ceil(need / 4))
+                    hi = max(hi, 2 * math.ceil(need))
+                if (lo, hi) != (p.low, p.high):
+                    notes.append(f"max_num_seqs {lo}..{hi}: the defaults had "
+                                 f"{need:.0f} requests in flight" if need else
+                                 f"max_num_seqs {lo}..{hi}: the client keeps at most "
+                                 f"{load.concurrency} in flight")
+                    p = dataclasses.replace(p, low=lo, high=hi)
+                floor = lo
+            if p.name in ("gpu_memory_utilization", "VLLM_CPU_KVCACHE_SPACE") and server:
+                peak = server.get("kv_cache_usage_peak")
+                if (peak is not None and peak < 0.5 and not server.get("preemptions")):
+                    # Memory for the KV cache is not what limits this load.
+                    if p.name in load.baseline_params:
+                        fixed[p.name] = load.baseline_params[p.name]
+                    notes.append(f"{p.name} not tuned: the defaults used at most "
+                                 f"{peak:.0%} of the KV cache, with no preemption")
+                    continue
+            if p.name == "enable_prefix_caching" and not load.shared_prefix:
+                notes.append("enable_prefix_caching not tuned: the prompts share no "
+                             "prefix (engine default kept)")
+                continue
+            out.append(p)
+        for i, p in enumerate(out):
+            if p.name == "max_cudagraph_capture_size" and floor:
+                # Decode batches larger than the largest graph run eagerly:
+                # keep sizes that cover the smallest batch limit left.
+                keep = tuple(c for c in p.choices if c >= floor) or p.choices[-1:]
+                if len(keep) < len(p.choices):
+                    notes.append(f"max_cudagraph_capture_size in {list(keep)}: batches "
+                                 f"reach at least {floor}")
+                if len(keep) == 1:
+                    fixed[p.name] = keep[0]
+                    out.pop(i)
+                else:
+                    out[i] = dataclasses.replace(p, choices=keep)
+                break
+        return out, fixed, notes
+
     def check(self, params: Mapping[str, Any], ctx: SpaceContext) -> list[str]:
         out = []
         seqs = params.get("max_num_seqs")
@@ -275,6 +345,18 @@ def to_flag(name: str, value: Any, info: dict[str, Any] | None = None) -> list[s
     if isinstance(value, bool):
         return [flag] if value else ["--no-" + flag[2:]]
     return [flag, str(value)]
+
+
+def _in_flight(load: LoadView, base: Mapping[str, Any]) -> float | None:
+    """Requests the defaults had in flight: the server's own count if it has
+    ``/metrics``, else Little's law on the client's figures."""
+    peak = (base.get("server") or {}).get("running_peak")
+    if peak:
+        return float(peak)
+    rate, e2e = load.rate, (base.get("e2e_ms") or {}).get("p50")
+    if rate and e2e:
+        return rate * e2e / 1000
+    return None
 
 
 def _cc(text: str) -> tuple[int, int]:

@@ -165,6 +165,44 @@ def cpu_binding(facts: HostFacts) -> list[int]:
     return cpus or facts.usable_cpus
 
 
+def placement(facts: HostFacts, n_gpus: int = 1) -> dict[str, Any]:
+    """Where a server should run: the NUMA node of the GPUs it uses (the
+    first ``n_gpus``), or node 0 for CPU serving, with that node's CPUs.
+    ``numa_node`` is None when there is nothing to choose (one node) or no
+    way to know (GPUs on different or unknown nodes); ``why`` says which."""
+    if len(facts.numa) < 2:
+        return {"numa_node": None, "cpus": None,
+                "why": "one NUMA node: no placement needed"}
+    if facts.gpus:
+        nodes = {gpu_numa_node(facts, g) for g in facts.gpus[:max(n_gpus, 1)]}
+        if len(nodes) != 1 or None in nodes:
+            return {"numa_node": None, "cpus": None,
+                    "why": "the GPUs are on different or unknown NUMA nodes"}
+        node = nodes.pop()
+        why = f"GPU {facts.gpus[0].index} is attached to NUMA node {node}"
+    else:
+        node = facts.numa[0].id
+        why = "CPU serving: one node's cores and memory (no cross-node traffic)"
+    chosen = next(n for n in facts.numa if n.id == node)
+    cpus = [c for c in chosen.cpus if c in facts.usable_cpus] or chosen.cpus
+    return {"numa_node": node, "cpus": _cpulist(cpus), "why": why}
+
+
+def _cpulist(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] → "0-2,5" (the form systemd and /sys use)."""
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
 def findings(facts: HostFacts) -> list[Finding]:
     out: list[Finding] = []
     thp = facts.thp

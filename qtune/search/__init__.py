@@ -31,9 +31,9 @@ from optuna.trial import TrialState
 
 from qtune import __version__
 from qtune.engines import get_engine
-from qtune.engines.base import Engine, Param, SpaceContext
+from qtune.engines.base import Engine, LoadView, Param, SpaceContext
 from qtune.errors import EngineError, InputError, ServerError, StudyError
-from qtune.host import HostFacts, probe
+from qtune.host import HostFacts, placement, probe
 from qtune.metrics import metric_value
 from qtune.model import ModelInfo, resolve_model
 from qtune.profile import EngineInfo, Profile, StudyRef
@@ -51,7 +51,9 @@ from qtune.search.space import (
     _tidy,
     distributions,
     grid_values,
+    initial_design,
     make_sampler,
+    startup_trials,
 )
 from qtune.server import Server, free_port
 
@@ -156,6 +158,7 @@ class Prepared:
     study_name: str
     storage_url: str
     study_dir: Path
+    user_set: frozenset[str] = frozenset()  # named in --space: never reshaped
 
 
 def prepare(cfg: TuneConfig) -> Prepared:
@@ -208,8 +211,9 @@ def prepare(cfg: TuneConfig) -> Prepared:
     make_sampler(cfg.sampler, params, cfg.seed, cfg.trials)  # fail before any file
     study_name = cfg.study or _default_study_name(model, cfg, host)
     storage_url, study_dir = _storage(cfg, study_name)
+    user_set = frozenset(override.entries) if override is not None else frozenset()
     return Prepared(cfg, host, engine, ctx, params, fixed, direction, study_name,
-                    storage_url, study_dir)
+                    storage_url, study_dir, user_set)
 
 
 def _default_study_name(model: ModelInfo, cfg: TuneConfig, host: HostFacts) -> str:
@@ -329,6 +333,11 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
             trial.set_user_attr("memory_estimate", est.as_dict())
         _run_trial(prep, study, trial, params, reporter)
 
+    prep = _shape(prep, study, reporter)
+    dists = distributions(prep.params)
+    study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
+    _start_design(prep, study)
+
     invalid_run = 0
     while launched_count() < cfg.trials:
         if invalid_run >= 25:
@@ -344,7 +353,7 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
                                f"takes ~{typical / 60:.1f} min")
                 break
         trial = study.ask(dists)
-        params = {**_tidy(trial.params, dists), **prep.fixed}
+        params = {**_tidy(trial.params, prep.params), **prep.fixed}
         violations = prep.engine.check(params, prep.ctx)
         reason = "invalid_config"
         est = _estimate(prep, params)
@@ -376,6 +385,53 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     res = _finish(prep, study)
     res.stop_reason = stop_reason
     return res
+
+
+def _shape(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Prepared:
+    """Let the engine narrow the space with the load and the defaults run.
+    Computed from what the study stored, so a resumed study gets the same
+    space (and the sampler the same distributions) as the first run."""
+    fn = getattr(prep.engine, "shape", None)
+    if fn is None:
+        return prep
+    base = next((t for t in study.get_trials(deepcopy=False)
+                 if t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE), None)
+    wl = prep.cfg.workload
+    load = LoadView(
+        rate=wl.rate, concurrency=wl.concurrency if wl.rate is None else None,
+        output_len=wl.output_lengths.mean,
+        shared_prefix=bool(wl.prefix_count) or wl.dataset is not None,
+        baseline=base.user_attrs.get("summary") if base else None,
+        baseline_params=base.user_attrs.get("launch_params", {}) if base else {},
+    )
+    mine = [p for p in prep.params if p.name not in prep.user_set]
+    kept, fixed, notes = fn(mine, prep.ctx, load)
+    params = [p for p in prep.params if p.name in prep.user_set] + kept
+    for n in notes:
+        reporter.note(n)
+    study.set_user_attr("space_notes", notes)
+    return dataclasses.replace(prep, params=params, fixed={**fixed, **prep.fixed})
+
+
+def _start_design(prep: Prepared, study: optuna.Study) -> None:
+    """Model-based samplers start from a Latin hypercube instead of random
+    points (see ``initial_design``); queued once, on a study's first run."""
+    cfg = prep.cfg
+    if cfg.sampler not in ("tpe", "gp") or not prep.params:
+        return
+    if any(not t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
+        return  # resumed: the design was queued (and probably run) before
+    n = startup_trials(cfg.trials)
+
+    def valid(point: dict[str, Any]) -> bool:
+        full = {**_tidy(point, prep.params), **prep.fixed}
+        if prep.engine.check(full, prep.ctx):
+            return False
+        est = _estimate(prep, full)
+        return est is None or est.fits or not cfg.memory_check
+
+    for point in initial_design(prep.params, n, cfg.seed, valid):
+        study.enqueue_trial(point, user_attrs={"design": "latin-hypercube"})
 
 
 def _typical_trial_s(study: optuna.Study) -> float:
@@ -767,6 +823,7 @@ def build_profile(
         workload=cfg.workload.to_dict(),
         slo=[str(s) for s in cfg.slo],
         host=prep.host.fingerprint(),
+        placement=placement(prep.host, int(best.params.get("tensor_parallel_size", 1))),
         study=StudyRef(storage=prep.storage_url, name=prep.study_name,
                        trial=best.number, trials_run=n_trials,
                        baseline_trial=baseline.number if baseline else None),

@@ -189,7 +189,8 @@ def _check_value(p: Param, v: Any, where: str) -> None:
         "choice": v in p.choices,
     }[p.kind]
     if not ok:
-        want = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+        want = {"str": "a string", "int": "an integer", "float": "a number",
+                "bool": "true or false",
                 "choice": "one of " + ", ".join(map(str, p.choices))}[p.kind]
         raise InputError(f"{where}: {v!r} is not valid", hint=f"{p.name} takes {want}")
 

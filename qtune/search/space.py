@@ -17,16 +17,69 @@ from qtune.engines.base import Param
 from qtune.errors import InputError
 
 
-def _tidy(params: dict[str, Any], dists: dict[str, BaseDistribution]) -> dict[str, Any]:
-    """Stepped floats come back as 0.7899999999999999: round them to their
-    step, so the engine, the profile and the unit see 0.79."""
-    out = dict(params)
-    for k, v in params.items():
-        d = dists.get(k)
-        if isinstance(d, FloatDistribution) and d.step:
-            digits = max(0, -math.floor(math.log10(d.step)) + 1)
+def _tidy(values: dict[str, Any], params: list[Param]) -> dict[str, Any]:
+    """The values to launch with.  Stepped floats come back as
+    0.7899999999999999: round them to their step, so the engine, the profile
+    and the unit see 0.79.  ``pow2`` ints go to the nearest power of two in
+    range (in log space, so the sampler's model stays monotone)."""
+    out = dict(values)
+    by_name = {p.name: p for p in params}
+    for k, v in values.items():
+        p = by_name.get(k)
+        if p is None:
+            continue
+        if p.kind == "float" and p.step and not p.log:
+            digits = max(0, -math.floor(math.log10(p.step)) + 1)
             out[k] = round(v, digits)
+        elif p.kind == "int" and p.pow2 and v > 0:
+            powers = [2**e for e in range(0, 31)
+                      if p.low <= 2**e <= p.high]  # type: ignore[operator]
+            if powers:
+                out[k] = min(powers, key=lambda c: abs(math.log2(c) - math.log2(v)))
     return out
+
+
+def initial_design(params: list[Param], n: int, seed: int,
+                   valid: Any = None, tries: int = 200) -> list[dict[str, Any]]:
+    """``n`` start points as a Latin hypercube: each parameter's range is cut
+    into ``n`` strata and every stratum is used once, so with two points an
+    on/off parameter is tried both ways and a range at both ends.  Random
+    start-up points can leave a whole half of a dimension untried, which
+    matters when every trial is a server start.  Designs with a point that
+    ``valid`` refuses are drawn again."""
+    import random
+
+    rng = random.Random(seed)
+    design: list[dict[str, Any]] = []
+    for _ in range(tries):
+        strata = {p.name: rng.sample(range(n), n) for p in params}
+        design = []
+        for i in range(n):
+            point = {}
+            for p in params:
+                u = (strata[p.name][i] + rng.random()) / n
+                point[p.name] = _at(p, u)
+            design.append(point)
+        if valid is None or all(valid(pt) for pt in design):
+            return design
+    return design  # no fully valid design: refusals are cheap, use the last
+
+
+def _at(p: Param, u: float) -> Any:
+    """The value at quantile ``u`` of a parameter's range, as sampled."""
+    if p.kind == "bool":
+        return u >= 0.5
+    if p.kind == "choice":
+        return p.choices[min(int(u * len(p.choices)), len(p.choices) - 1)]
+    lo, hi = float(p.low), float(p.high)  # type: ignore[arg-type]
+    v = math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo))) if p.log \
+        else lo + u * (hi - lo)
+    if p.kind == "int":
+        return min(int(hi), max(int(lo), int(round(v))))
+    if p.step and not p.log:
+        v = lo + round((v - lo) / p.step) * p.step
+        v = round(v, max(0, -math.floor(math.log10(p.step)) + 1))
+    return min(hi, max(lo, v))
 
 
 def distributions(params: list[Param]) -> dict[str, BaseDistribution]:
@@ -49,12 +102,18 @@ def distributions(params: list[Param]) -> dict[str, BaseDistribution]:
 SAMPLERS = ("tpe", "gp", "random", "grid", "nsga2")
 
 
+def startup_trials(trials: int) -> int:
+    """Trials before the model-based samplers use their model: few, since
+    each one is a server start."""
+    return min(5, max(trials // 3, 1))
+
+
 def make_sampler(
     name: str, params: list[Param], seed: int, trials: int
 ) -> optuna.samplers.BaseSampler:
     """TPE by default (Optuna 5: multivariate, constant liar).  Few random
     start-up trials: every trial costs a server start."""
-    startup = min(5, max(trials // 3, 1))
+    startup = startup_trials(trials)
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
     if name == "random":

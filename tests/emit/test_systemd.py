@@ -53,6 +53,17 @@ def test_unit_content():
     gpu = render(sample_profile(engine={"name": "vllm", "version": "0.26.0",
                                         "build": "cuda"}))
     assert "DeviceAllow=char-nvidia* rw" in gpu and "PrivateDevices" not in gpu
+    assert "NUMAPolicy" not in text  # no placement recorded
+
+
+def test_unit_places_the_server_on_the_gpus_numa_node():
+    placed = render(sample_profile(placement={
+        "numa_node": 1, "cpus": "16-31,48-63", "why": "GPU 0 is attached to NUMA node 1"}))
+    assert "CPUAffinity=16-31,48-63\nNUMAPolicy=bind\nNUMAMask=1\n" in placed
+    assert "# NUMA: GPU 0 is attached to NUMA node 1" in placed
+    single = render(sample_profile(placement={
+        "numa_node": None, "cpus": None, "why": "one NUMA node: no placement needed"}))
+    assert "NUMAMask" not in single and "# NUMA: one NUMA node" in single
 
 
 def test_unknown_format():
@@ -65,7 +76,8 @@ def test_unknown_format():
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
     # Awkward argv on purpose: %, $, spaces, quotes, JSON.
     p = sample_profile(argv=sample_profile().argv + [
-        "--served-model-name", "a b", "-cc", '{"mode": 3, "x": "50%"}', "--x", "$y"])
+        "--served-model-name", "a b", "-cc", '{"mode": 3, "x": "50%"}', "--x", "$y"],
+        placement={"numa_node": 0, "cpus": "0-1", "why": "test"})
     unit = tmp_path / "qtune-test.service"
     unit.write_text(render(p))
     r = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no",

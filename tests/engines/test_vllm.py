@@ -167,3 +167,76 @@ def test_space_file_can_tune_any_engine_flag(cpu_ctx):
     with pytest.raises(InputError):
         apply_overrides(VLLM().space(ctx), SpaceOverride({"kv_cache_dtype": "fp9"},
                                                          "s.yaml"), ARGS)
+
+
+def _gpu_ctx(cpu_ctx):
+    from qtune.host.gpu import GPU, GPUReport
+
+    gpus = [GPU(0, "NVIDIA H200", "GPU-0", 150 * 2**30, 150 * 2**30, "9.0",
+                "0000:01:00.0", 0, [], 5, 16, 5, 16)]
+    host = dataclasses.replace(cpu_ctx.host, gpu=GPUReport(gpus, "580", "13.0", None))
+    return dataclasses.replace(cpu_ctx, host=host,
+                               install=dataclasses.replace(cpu_ctx.install, build="cuda"))
+
+
+def test_shape_from_the_defaults_run(cpu_ctx):
+    """The H200 case: the defaults ran 353 requests at once with KV at 47%."""
+    from qtune.engines.base import LoadView
+
+    ctx = _gpu_ctx(cpu_ctx)
+    space = VLLM().space(ctx)
+    base = {"server": {"running_peak": 353, "kv_cache_usage_peak": 0.47,
+                       "preemptions": 0}, "e2e_ms": {"p50": 8000}}
+    load = LoadView(rate=40, concurrency=None, output_len=256, shared_prefix=False,
+                    baseline=base)
+    kept, fixed, notes = VLLM().shape(space, ctx, load)
+    by = {p.name: p for p in kept}
+    assert (by["max_num_seqs"].low, by["max_num_seqs"].high) == (89, 706)
+    assert "gpu_memory_utilization" not in by and "enable_prefix_caching" not in by
+    assert by["max_cudagraph_capture_size"].choices == (128, 256, 512)
+    assert by["kv_cache_dtype"].choices == ("auto", "fp8")
+    assert fixed == {} and len(notes) == 4
+    # KV near full or preempting: memory stays tuned.
+    full = {**base, "server": {**base["server"], "kv_cache_usage_peak": 0.9}}
+    kept, _, _ = VLLM().shape(space, ctx, dataclasses.replace(load, baseline=full))
+    assert "gpu_memory_utilization" in {p.name for p in kept}
+    # Shared prefixes: prefix caching stays tuned.
+    kept, _, _ = VLLM().shape(space, ctx, dataclasses.replace(load, shared_prefix=True))
+    assert "enable_prefix_caching" in {p.name for p in kept}
+
+
+def test_shape_without_metrics_and_at_fixed_concurrency(cpu_ctx):
+    from qtune.engines.base import LoadView
+
+    space = VLLM().space(cpu_ctx)
+    # No /metrics: Little's law on the client's figures (12 req/s x 0.5 s = 6).
+    load = LoadView(rate=12, concurrency=None, output_len=32, shared_prefix=True,
+                    baseline={"e2e_ms": {"p50": 500}},
+                    baseline_params={"VLLM_CPU_KVCACHE_SPACE": 4})
+    kept, fixed, _ = VLLM().shape(space, cpu_ctx, load)
+    seqs = next(p for p in kept if p.name == "max_num_seqs")
+    assert (seqs.low, seqs.high) == (4, 256)  # 6/4 is below the static floor
+    assert fixed == {}
+    # The CPU KV budget is fixed at the baseline's when it never filled up.
+    load = dataclasses.replace(load, baseline={"server": {"running_peak": 6,
+                                                          "kv_cache_usage_peak": 0.1}})
+    kept, fixed, _ = VLLM().shape(space, cpu_ctx, load)
+    assert fixed == {"VLLM_CPU_KVCACHE_SPACE": 4}
+    assert "VLLM_CPU_KVCACHE_SPACE" not in {p.name for p in kept}
+    # A fixed-concurrency client never has more than 16 requests in flight.
+    load = LoadView(rate=None, concurrency=16, output_len=32, shared_prefix=True)
+    kept, _, notes = VLLM().shape(space, cpu_ctx, load)
+    assert next(p for p in kept if p.name == "max_num_seqs").high == 16
+    assert "16 in flight" in notes[0]
+
+
+def test_gpu_batched_tokens_are_powers_of_two(cpu_ctx):
+    from qtune.search.space import _tidy
+
+    space = VLLM().space(_gpu_ctx(cpu_ctx))
+    mnbt = next(p for p in space if p.name == "max_num_batched_tokens")
+    assert mnbt.pow2
+    assert _tidy({"max_num_batched_tokens": 5000}, space)["max_num_batched_tokens"] == 4096
+    assert _tidy({"max_num_batched_tokens": 40960}, space)["max_num_batched_tokens"] == 32768
+    cpu = next(p for p in VLLM().space(cpu_ctx) if p.name == "max_num_batched_tokens")
+    assert not cpu.pow2

@@ -272,3 +272,27 @@ def test_gpu_numa_node_derived_from_local_cpus():
     # sysfs says -1 and NVML NotSupported; local_cpulist 0-15 is node 0.
     assert facts.gpus[0].numa_node is None
     assert gpu_numa_node(facts, facts.gpus[0]) == 0
+
+
+def test_placement_follows_the_gpu_numa_node(cpu_host):
+    import dataclasses
+
+    from qtune.host import placement
+    from qtune.host.gpu import GPU, GPUReport
+    from qtune.host.sysfs import NUMANode
+
+    assert placement(cpu_host)["numa_node"] is None  # one node
+    two = [NUMANode(0, [0, 1, 2, 3], None, None), NUMANode(1, [4, 5, 6, 7], None, None)]
+
+    def gpu(i, node):
+        return GPU(i, "NVIDIA H200", f"GPU-{i}", 2**37, 2**37, "9.0", f"0000:0{i}:00.0",
+                   node, [], 5, 16, 5, 16)
+
+    host = dataclasses.replace(cpu_host, numa=two, usable_cpus=list(range(8)),
+                               gpu=GPUReport([gpu(0, 1), gpu(1, 0)], "580", "13.0", None))
+    p = placement(host)
+    assert (p["numa_node"], p["cpus"]) == (1, "4-7") and "GPU 0" in p["why"]
+    # TP 2 over GPUs on different nodes: no single right node.
+    assert placement(host, 2)["numa_node"] is None
+    cpu_only = dataclasses.replace(host, gpu=GPUReport([], None, None, None))
+    assert placement(cpu_only)["cpus"] == "0-3"

@@ -60,7 +60,8 @@ def test_overrides_fix_range_and_choices():
         "kv_cache_dtype": ["auto"],
     }, "s.yaml"))
     by = {p.name: p for p in params}
-    assert (by["max_num_seqs"].low, by["max_num_seqs"].high, by["max_num_seqs"].log) == (8, 64, True)
+    seqs = by["max_num_seqs"]
+    assert (seqs.low, seqs.high, seqs.log) == (8, 64, True)
     assert fixed == {"enable_prefix_caching": False}
     assert by["kv_cache_dtype"].choices == ("auto",)
 
@@ -118,3 +119,23 @@ def test_unknown_sampler():
     with pytest.raises(InputError, match="sampler"):
         make_sampler("cmaes", PARAMS, 0, 10)
     assert make_sampler("grid", PARAMS, 0, 10) is not None
+
+
+def test_initial_design_is_a_latin_hypercube():
+    from qtune.search.space import initial_design
+
+    params = [Param("seqs", "int", low=4, high=512, log=True),
+              Param("fp8", "bool"),
+              Param("util", "float", low=0.7, high=0.95, step=0.01),
+              Param("size", "choice", choices=(64, 128, 256, 512))]
+    for seed in range(20):
+        two = initial_design(params, 2, seed)
+        assert {p["fp8"] for p in two} == {False, True}  # both ways, always
+        assert sorted(p["seqs"] < 45 for p in two) == [False, True]  # both halves
+        four = initial_design(params, 4, seed)
+        assert sorted(p["size"] for p in four) == [64, 128, 256, 512]
+        assert all(0.7 <= p["util"] <= 0.95 and round(p["util"], 2) == p["util"]
+                   for p in four)
+    # Designs with a refused point are drawn again.
+    ok = initial_design(params, 2, 0, valid=lambda pt: pt["seqs"] >= 8)
+    assert all(p["seqs"] >= 8 for p in ok)

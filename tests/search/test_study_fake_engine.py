@@ -121,3 +121,21 @@ def test_sqlite_storage_and_resume(fake, tmp_path):
     assert res.storage.startswith("sqlite:///") and res.trials[0].baseline
     res2 = tune(dataclasses.replace(cfg, trials=3))
     assert len([t for t in res2.trials if t.status != "invalid"]) == 3
+
+
+def test_tpe_starts_from_a_latin_hypercube(fake):
+    """The first tuned trials are the queued design: with two of them, the
+    on/off and two-way parameters are each tried both ways."""
+    import optuna
+
+    from qtune.search import open_storage
+
+    cfg = dataclasses.replace(fake, sampler="tpe", trials=6, confirm_top=0, study="lhs")
+    res = tune(cfg)
+    study = optuna.load_study(study_name="lhs", storage=res.storage and open_storage(
+        res.storage))
+    design = [t for t in study.trials if t.user_attrs.get("design") == "latin-hypercube"]
+    assert len(design) == 2 and [t.number for t in design] == [1, 2]
+    assert {t.params["delay_ms"] for t in design} == {1, 30}
+    assert {t.params["crash"] for t in design} == {False, True}
+    assert all(t.params["slots"] <= 6 for t in design)  # refused points redrawn
