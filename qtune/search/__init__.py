@@ -323,6 +323,9 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     )
     if not has_baseline and launched_count() < cfg.trials:
         base_params, note = prep.engine.baseline(prep.ctx)
+        # Queued, so that no sampler spends one of its points on it (the
+        # grid sampler would otherwise assign it a grid cell).
+        study.enqueue_trial({}, user_attrs={"baseline": True})
         trial = study.ask()
         trial.set_user_attr("baseline", True)
         if note:
@@ -352,6 +355,10 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
                 stop_reason = (f"time budget: {cfg.time_budget / 60:.0f} min, a trial "
                                f"takes ~{typical / 60:.1f} min")
                 break
+        if isinstance(study.sampler, optuna.samplers.GridSampler) and \
+                study.sampler.is_exhausted(study):
+            stop_reason = "every grid point has been tried"
+            break
         trial = study.ask(dists)
         params = {**_tidy(trial.params, prep.params), **prep.fixed}
         violations = prep.engine.check(params, prep.ctx)

@@ -29,8 +29,8 @@ def make_pruner(prep: Prepared, best_value: float | None) -> Any:
             targets.append((b, float(p[1:]), slo.limit, f"breaks SLO {slo}"))
 
     def watch(done: list[Any], inflight: list[Any], now: float) -> str | None:
-        if any(not s.ok for s in done):
-            return "a request failed"
+        if (why := _failed(done)) is not None:
+            return why
         for b, p, thr_ms, why in targets:
             if b == "ttft":
                 vals = [s.ttft for s in done if s.ttft is not None]
@@ -47,5 +47,10 @@ def make_pruner(prep: Prepared, best_value: float | None) -> Any:
                         f"{thr_ms:.1f} ms, enough to fix its p{p:g}")
         return None
 
-    return watch if targets else (lambda done, inflight, now: (
-        "a request failed" if any(not s.ok for s in done) else None))
+    return watch if targets else (lambda done, inflight, now: _failed(done))
+
+
+def _failed(done: list[Any]) -> str | None:
+    """The first failed request, with its error: the study must say why."""
+    bad = next((s for s in done if not s.ok), None)
+    return None if bad is None else f"a request failed ({bad.error})"

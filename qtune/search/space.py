@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import optuna
@@ -115,7 +116,12 @@ def make_sampler(
     start-up trials: every trial costs a server start."""
     startup = startup_trials(trials)
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
+        # group=True: the baseline trial has no parameters, which would
+        # empty the joint space multivariate TPE models (all independent).
+        with warnings.catch_warnings():  # "experimental" since Optuna 2.8
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup,
+                                              multivariate=True, group=True)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "nsga2":
@@ -129,9 +135,18 @@ def make_sampler(
                              hint="pip install scipy torch, or use --sampler tpe") from None
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
     if name == "grid":
-        return optuna.samplers.GridSampler(grid_values(params), seed=seed)
+        return _Grid(grid_values(params), seed=seed)
     raise InputError(f"--sampler: unknown sampler {name!r}",
                      hint="choose one of " + ", ".join(SAMPLERS))
+
+
+class _Grid(optuna.samplers.GridSampler):
+    """Optuna's grid sampler calls ``study.stop()`` once every point has
+    been tried, which raises outside ``Study.optimize``; qtune drives
+    ask/tell and checks ``is_exhausted`` itself before each ask."""
+
+    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+        pass
 
 
 def grid_values(params: list[Param]) -> dict[str, list[Any]]:

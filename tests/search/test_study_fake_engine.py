@@ -139,3 +139,14 @@ def test_tpe_starts_from_a_latin_hypercube(fake):
     assert {t.params["delay_ms"] for t in design} == {1, 30}
     assert {t.params["crash"] for t in design} == {False, True}
     assert all(t.params["slots"] <= 6 for t in design)  # refused points redrawn
+
+
+def test_grid_runs_every_point_once_and_stops(fake, tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("crash: false\nslots: 2\n")
+    res = tune(dataclasses.replace(fake, sampler="grid", space_file=space, trials=10,
+                                   confirm_top=0, study="grid"))
+    tuned = [t for t in res.trials if not t.baseline]
+    # The baseline takes no grid cell: both delays are launched, then it stops.
+    assert sorted(t.params["delay_ms"] for t in tuned) == [1, 30]
+    assert res.stop_reason == "every grid point has been tried"
