@@ -30,7 +30,7 @@ start)
 cd /tmp/qrepo; Q=/tmp/qt
 s=$(date +%s)
 python3 -m qtune search --model examples/qwen3-4b --input-len 1024 --output-len 256 --rate 40 \
-  --requests 800 --warmup 160 --seed 1 --trials 9 --time-budget 13 --confirm-top 0 \
+  --requests 800 --warmup 160 --seed 1 --trials 9 --time-budget 14 --confirm-top 0 \
   --storage journal:///tmp/qt/h200.log --study h200-qwen3-4b --out $Q/h200-qwen3-4b.yaml \
   --json > $Q/search.json 2> $Q/search.err
 echo "search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
