@@ -170,7 +170,8 @@ def search(
     workload: WorkloadFile = None,
     objective: Annotated[
         str, typer.Option(help="e2e_p99 | ttft_p99 | tpot_p99 | throughput | "
-                          "goodput | capacity | ...")
+                          "goodput | capacity | pareto[:LATENCY] (throughput against "
+                          "e2e_p99 or LATENCY) | ...")
     ] = "e2e_p99",
     slo: SloOpt = None,
     space: Annotated[
@@ -204,6 +205,9 @@ def search(
         min=0, help="After the budget, re-measure this many best configs (0: off).")] = 3,
     confirm_repeats: Annotated[int, typer.Option(
         min=1, help="Fresh starts per confirmed config, interleaved.")] = 2,
+    pick: Annotated[int | None, typer.Option(
+        help="Write the profile of this trial (e.g. a point of the Pareto front) "
+        "instead of the best; with --study, of a finished study.")] = None,
     json_out: JsonOut = False,
 ) -> None:
     """Tune the engine's launch flags against a live load; write a profile."""
@@ -218,7 +222,7 @@ def search(
                      startup_timeout=startup_timeout, seed=wl.seed, sampler=sampler,
                      time_budget=time_budget * 60 if time_budget else None,
                      memory_check=memory_check, confirm_top=confirm_top,
-                     confirm_repeats=confirm_repeats)
+                     confirm_repeats=confirm_repeats, pick=pick)
     prep = prepare(cfg)
     with console.SearchReporter(objective) as rep:
         res = run_study(prep, rep)
@@ -231,6 +235,7 @@ def search(
             "memory_estimate": res.memory_estimate,
             "pruning": res.pruning,
             "stop_reason": res.stop_reason,
+            "pareto_front": res.pareto_front,
             "best": res.best.__dict__ if res.best else None,
             "baseline": res.baseline.__dict__ if res.baseline else None,
             "trials": [t.__dict__ for t in res.trials],

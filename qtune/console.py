@@ -175,7 +175,11 @@ class SearchReporter:
             s = rec.summary
             e2e, ttft = s["e2e_ms"] or {}, s["ttft_ms"] or {}
             flag = "" if rec.feasible else Text(" (infeasible)", style="red").plain
-            line = (f"{self.objective}={_fmt(rec.value)}{flag}  "
+            head = f"{self.objective}={_fmt(rec.value)}"
+            if rec.values:  # pareto: both objectives
+                lat = self.objective.partition(":")[2] or "e2e_p99"
+                head = f"req/s={_fmt(rec.values[0])} {lat}={_fmt(rec.values[1])}"
+            line = (f"{head}{flag}  "
                     f"ttft p50/p99 {_fmt(ttft.get('p50'))}/{_fmt(ttft.get('p99'))} ms  "
                     f"e2e p99 {_fmt(e2e.get('p99'))} ms  "
                     f"{s['request_throughput']:.2f} req/s  failed {s['failed']}  "
@@ -225,6 +229,17 @@ def render_search_result(res: Any) -> None:
                   f"{len(c['values'])} runs"
                   + (f" [95% CI {_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
                   + f" ({', '.join(_fmt(v) for v in c['values'])})")
+    if res.pareto_front:
+        lat = next(k for k in res.pareto_front[0] if k not in ("trial", "throughput",
+                                                                "params"))
+        f = Table(title=f"Pareto front: throughput against {lat} (--pick N writes trial N)")
+        for col in ("trial", "req/s", f"{lat} ms", "params"):
+            f.add_column(col)
+        for p in res.pareto_front:
+            mark = " (profile)" if p["trial"] == res.best.number else ""
+            f.add_row(f"{p['trial']}{mark}", _fmt(p["throughput"]), _fmt(p[lat]),
+                      " ".join(f"{k}={v}" for k, v in p["params"].items()) or "defaults")
+        out.print(f)
     if res.improvement:
         out.print(f"improvement over the engine defaults: {res.improvement:.2f}x")
     elif res.baseline is not None and res.baseline.status != "ok":

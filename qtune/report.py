@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +66,15 @@ def importances(study: optuna.Study) -> dict[str, float]:
     # The baseline trial has no parameters, which would empty the common
     # search space: compute on a scratch study of the tuned trials only.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    scratch = optuna.create_study(direction=study.direction)
+    multi = len(study.directions) > 1
+    scratch = optuna.create_study(directions=study.directions)
     scratch.add_trials(done)
     try:
-        return {k: float(v) for k, v in
-                optuna.importance.get_param_importances(scratch).items()}
+        with warnings.catch_warnings():  # "low target is better": it is (a latency)
+            warnings.simplefilter("ignore", UserWarning)
+            return {k: float(v) for k, v in optuna.importance.get_param_importances(
+                # pareto: the importance for the latency (the second value)
+                scratch, target=(lambda t: t.values[1]) if multi else None).items()}
     except (ValueError, RuntimeError, ZeroDivisionError, TypeError):
         return {}
 
@@ -130,15 +135,16 @@ def history_svg(df: Any, objective: str, maximize: bool) -> str:
     return "\n".join(out)
 
 
-def tradeoff_svg(df: Any) -> str:
-    ok = df[df["req_per_s"].notna() & df["e2e_p99_ms"].notna()]
+def tradeoff_svg(df: Any, latency: str = "e2e_p99") -> str:
+    col = f"{latency}_ms"
+    ok = df[df["req_per_s"].notna() & df[col].notna()]
     if ok.empty:
         return ""
-    xs, ys = [float(v) for v in ok["req_per_s"]], [float(v) for v in ok["e2e_p99_ms"]]
+    xs, ys = [float(v) for v in ok["req_per_s"]], [float(v) for v in ok[col]]
     fx, xlo, xhi = _scale(xs, PAD + 8, W - 20)
     fy, ylo, yhi = _scale(ys, H - PAD - 8, 36)
     out = _axes("throughput against tail latency (Pareto points in green)",
-                f"requests/s ({xlo:.3g} .. {xhi:.3g})", f"E2E p99 ms ({ylo:.4g} .. {yhi:.4g})")
+                f"requests/s ({xlo:.3g} .. {xhi:.3g})", f"{latency} ms ({ylo:.4g} .. {yhi:.4g})")
     pareto = {i for i in range(len(xs)) if not any(
         xs[j] >= xs[i] and ys[j] <= ys[i] and (xs[j] > xs[i] or ys[j] < ys[i])
         for j in range(len(xs)))}
@@ -166,14 +172,27 @@ def importance_svg(imp: dict[str, float]) -> str:
     return "\n".join(out)
 
 
+def _maximize(study: optuna.Study) -> bool:
+    """Whether larger "value"s are better (pareto: the value is the latency)."""
+    return len(study.directions) == 1 and \
+        study.direction == optuna.study.StudyDirection.MAXIMIZE
+
+
+def _latency(objective: str) -> str:
+    from qtune.search.config import pareto_latency
+
+    return pareto_latency(objective) or "e2e_p99"
+
+
 def render_html(study: optuna.Study, url: str, df: Any, imp: dict[str, float]) -> str:
     objective = study.user_attrs.get("objective", "value")
-    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    maximize = _maximize(study)
     cols = [c for c in df.columns if c not in ("detail",)]
     table = df[cols].to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}",
                              border=0, classes="trials")
     wl = study.user_attrs.get("workload", {})
     model = study.user_attrs.get("model", {})
+    trade = tradeoff_svg(df, _latency(objective))
     fails = df[df["status"].isin(["startup_failed", "load_failed", "pruned", "invalid"])]
     fail_rows = "".join(
         f"<li>trial {r.trial}: {html.escape(str(r.status))}: "
@@ -189,7 +208,7 @@ table.trials td,table.trials th{{padding:2px 6px;border-bottom:1px solid #ddd;te
 <p>storage <code>{html.escape(url)}</code>; model <code>{html.escape(str(model.get("id")))}</code>;
 objective <b>{html.escape(objective)}</b> ({"max" if maximize else "min"}imise);
 workload <code>{html.escape(str(wl))}</code></p>
-<div class="grid">{history_svg(df, objective, maximize)}{tradeoff_svg(df)}</div>
+<div class="grid">{history_svg(df, objective, maximize)}{trade}</div>
 {importance_svg(imp)}
 <h2>Trials</h2>{table}
 <h2>Failures, pruned and skipped trials</h2><ul>{fail_rows or "<li>none</li>"}</ul>
@@ -217,8 +236,7 @@ def report(name: str, storage: str | None, *, csv: Path | None = None,
     ok = df[df["value"].notna() & df["feasible"]]
     best = None
     if not ok.empty:
-        maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-        best = int(ok.sort_values("value", ascending=not maximize).iloc[0]["trial"])
+        best = int(ok.sort_values("value", ascending=not _maximize(study)).iloc[0]["trial"])
     return {"study": name, "storage": url, "objective": study.user_attrs.get("objective"),
             "trials": df.to_dict(orient="records"), "best_trial": best,
             "importances": imp, "counts": df["status"].value_counts().to_dict()}

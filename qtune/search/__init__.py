@@ -38,11 +38,11 @@ from qtune.metrics import metric_value
 from qtune.model import ModelInfo, resolve_model
 from qtune.profile import EngineInfo, Profile, StudyRef
 from qtune.search.config import (
-    OBJECTIVES,
     TuneConfig,
     apply_overrides,
     check_objective,
     load_space_file,
+    pareto_latency,
 )
 from qtune.search.pruning import make_pruner
 from qtune.search.space import (
@@ -91,7 +91,8 @@ class TrialRecord:
     params: dict[str, Any]
     status: str  # ok | invalid | startup_failed | load_failed | pruned
     baseline: bool = False
-    value: float | None = None
+    value: float | None = None  # the objective (the latency, for pareto)
+    values: list[float] | None = None  # pareto: [throughput, latency]
     feasible: bool = False
     reason: str | None = None
     detail: str | None = None
@@ -106,12 +107,15 @@ class TrialRecord:
     @classmethod
     def from_frozen(cls, t: optuna.trial.FrozenTrial) -> TrialRecord:
         a = t.user_attrs
+        done = t.state == TrialState.COMPLETE
+        multi = done and len(t.values or []) > 1
         return cls(
             number=t.number,
             params=a.get("launch_params", dict(t.params)),
             status=a.get("status", "unknown"),
             baseline=bool(a.get("baseline")),
-            value=t.value if t.state == TrialState.COMPLETE else None,
+            value=(t.values[1] if multi else t.value) if done else None,
+            values=list(t.values) if multi else None,
             feasible=t.state == TrialState.COMPLETE and _feasible(t),
             reason=a.get("reason"),
             detail=a.get("detail"),
@@ -144,6 +148,7 @@ class TuneResult:
     memory_estimate: dict[str, Any] | None = None  # prediction vs launches
     pruning: dict[str, Any] | None = None  # trials stopped early, time saved
     stop_reason: str | None = None  # why fewer than --trials were launched
+    pareto_front: list[dict[str, Any]] | None = None  # --objective pareto
 
 
 @dataclass
@@ -270,10 +275,13 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(prep.storage_url)
     try:
+        # pareto: maximise throughput, minimise the latency percentile.
+        dirs = ({"directions": ["maximize", "minimize"]} if prep.direction == "pareto"
+                else {"direction": prep.direction})
         study = optuna.create_study(
             study_name=prep.study_name,
             storage=storage,
-            direction=prep.direction,
+            **dirs,
             sampler=make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials),
             load_if_exists=True,
         )
@@ -381,7 +389,10 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
 
     if stop_reason:
         reporter.note(f"stopped before --trials: {stop_reason}")
-    if cfg.confirm_top > 0 and cfg.confirm_repeats > 0:
+    if prep.direction == "pareto" and cfg.confirm_top > 0 and cfg.pick is None:
+        reporter.note("no top-K confirmation for a Pareto front: re-measure the point "
+                      "you pick with qtune verify")
+    elif cfg.confirm_top > 0 and cfg.confirm_repeats > 0 and cfg.pick is None:
         need = min(cfg.confirm_top, launched_count()) * cfg.confirm_repeats * \
             _typical_trial_s(study)
         if cfg.time_budget is not None and time.monotonic() - started + need > cfg.time_budget:
@@ -603,7 +614,8 @@ def _run_trial_inner(
                 m0 = time.monotonic()
                 best = _best(study)
                 summary = _measure(prep, spec, n, reporter, baseline,
-                                   best.value if best else None)
+                                   best.value if best and prep.direction != "pareto"
+                                   else None)
                 rec.measure_s = time.monotonic() - m0
                 # A server that died under load is a failed config, not a
                 # slow one: check before trusting the numbers.
@@ -629,7 +641,8 @@ def _run_trial_inner(
         done = summary["completed"] + summary["failed"]
         planned = cfg.workload.requests or done
         partial = objective_value(summary, cfg.objective)
-        if partial is not None and not math.isnan(partial):
+        # Optuna has no intermediate values for multi-objective studies.
+        if partial is not None and not math.isnan(partial) and prep.direction != "pareto":
             trial.report(partial, step=done)
         rec.status, rec.reason = "pruned", "pruned"
         # Percentiles over the requests that finished before the stop would
@@ -653,12 +666,19 @@ def _run_trial_inner(
         # the trial informative without a NaN (which Optuna marks FAIL).
         value = 0.0 if prep.direction == "maximize" else 1e12
     rec.value = value
-    study.tell(trial, value)
+    if prep.direction == "pareto":
+        rec.values = [metric_value(summary, "throughput") or 0.0, value]
+        study.tell(trial, rec.values)
+    else:
+        study.tell(trial, value)
     rec.feasible = _feasible(study.get_trials(deepcopy=False)[n])
     reporter.trial_done(rec, _best(study))
 
 
 def objective_value(summary: dict[str, Any], objective: str) -> float | None:
+    """The objective's value; for pareto, its latency (throughput is the
+    other value)."""
+    objective = pareto_latency(objective) or objective
     if objective == "goodput":
         return (summary.get("goodput") or {}).get("request_goodput")
     if objective == "capacity":
@@ -708,22 +728,63 @@ def _short(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
 
 
-def _best(study: optuna.Study) -> TrialRecord | None:
+def _best(study: optuna.Study, pick: int | None = None) -> TrialRecord | None:
+    """The best feasible trial; ``pick`` chooses one by number instead.  For
+    a Pareto study, the knee of the front (see ``knee``)."""
     recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
     feas = [r for r in recs if r.feasible and r.value is not None]
+    if pick is not None:
+        return next((r for r in feas if r.number == pick and r.status == "ok"), None)
     if not feas:
         return None
+    if len(study.directions) > 1:
+        return knee(pareto_front(feas))
     sign = -1 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1
     return min(feas, key=lambda r: sign * r.value)  # type: ignore[operator]
+
+
+def pareto_front(recs: list[TrialRecord]) -> list[TrialRecord]:
+    """Trials no other trial beats on both throughput and latency, by
+    throughput (ascending)."""
+    pts = [r for r in recs if r.values]
+    front = [r for r in pts if not any(
+        o.values[0] >= r.values[0] and o.values[1] <= r.values[1]  # type: ignore[index]
+        and o.values != r.values for o in pts)]
+    return sorted(front, key=lambda r: r.values[0])  # type: ignore[index]
+
+
+def knee(front: list[TrialRecord]) -> TrialRecord | None:
+    """The front point with the most throughput for its latency: the largest
+    normalised throughput minus normalised latency.  The ends of the front
+    (all throughput, or all latency) are what ``--pick`` is for."""
+    if not front:
+        return None
+    thr = [r.values[0] for r in front]  # type: ignore[index]
+    lat = [r.values[1] for r in front]  # type: ignore[index]
+
+    def norm(v: float, vs: list[float]) -> float:
+        return (v - min(vs)) / (max(vs) - min(vs)) if max(vs) > min(vs) else 0.0
+
+    return max(front, key=lambda r: norm(r.values[0], thr) - norm(r.values[1], lat))
 
 
 def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     cfg = prep.cfg
     trials = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
     _export_trials(study, prep.study_dir / "trials.csv")
-    best = _best(study)
+    best = _best(study, cfg.pick)
+    feasible = [r for r in trials if r.feasible and r.status == "ok"]
+    front = pareto_front(feasible) if prep.direction == "pareto" else []
+    if cfg.pick is not None and best is None:
+        choices = [r.number for r in (front or feasible)]
+        raise InputError(
+            f"--pick {cfg.pick}: trial {cfg.pick} of study {prep.study_name} is not a "
+            "fully measured, feasible trial",
+            hint=("pick one of trials " + ", ".join(map(str, choices))) if choices
+            else "no trial can be picked yet: run more trials",
+        )
     confirmation = study.user_attrs.get("confirmation") or {}
-    if best is not None and confirmation:
+    if best is not None and confirmation and cfg.pick is None:
         # The winner is the best *median* over the confirmation repeats.
         sign = -1 if prep.direction == "maximize" else 1
         # A config whose re-run failed (start or requests) cannot win while
@@ -741,7 +802,7 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
             # Both re-measured: compare medians, not single runs.
             b = confirmation[str(baseline.number)]["median"]
             w = confirmation[str(best.number)]["median"]
-        if OBJECTIVES[cfg.objective] == "minimize":
+        if prep.direction in ("minimize", "pareto"):  # pareto: its latency
             improvement = b / w if w else None
         else:
             improvement = w / b
@@ -759,8 +820,16 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     unsent = [a["requests_unsent"] for a in attrs.values() if "requests_unsent" in a]
     pruning = {"pruned": len(unsent),
                "measure_s_saved": round(sum(unsent) * typical, 3)}
-    return TuneResult(prep.study_name, prep.storage_url, best, baseline, trials,
-                      path, profile, improvement, accuracy, pruning)
+    res = TuneResult(prep.study_name, prep.storage_url, best, baseline, trials,
+                     path, profile, improvement, accuracy, pruning)
+    if prep.direction == "pareto":
+        res.pareto_front = _front_view(front, pareto_latency(cfg.objective) or "")
+    return res
+
+
+def _front_view(front: list[TrialRecord], latency: str) -> list[dict[str, Any]]:
+    return [{"trial": r.number, "throughput": r.values[0],  # type: ignore[index]
+             latency: r.values[1], "params": r.params} for r in front]  # type: ignore[index]
 
 
 def _export_trials(study: optuna.Study, path: Path) -> None:
@@ -826,6 +895,12 @@ def build_profile(
             "baseline": _metrics_view(baseline),
             "startup_s": best.startup_s,
             "confirmation": study.user_attrs.get("confirmation") or None,
+            "pareto_front": _front_view(
+                pareto_front([r for r in (TrialRecord.from_frozen(t) for t in
+                                          study.get_trials(deepcopy=False))
+                              if r.feasible and r.status == "ok"]),
+                pareto_latency(cfg.objective) or "") if prep.direction == "pareto"
+            else None,
         },
         workload=cfg.workload.to_dict(),
         slo=[str(s) for s in cfg.slo],

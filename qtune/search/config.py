@@ -88,12 +88,30 @@ def parse_slo(text: str | None) -> list[SLO]:
     return out
 
 
+def pareto_latency(name: str) -> str | None:
+    """``pareto`` or ``pareto:<latency>``: the latency metric traded against
+    throughput (default e2e_p99); None for a single objective."""
+    if name != "pareto" and not name.startswith("pareto:"):
+        return None
+    metric = name.partition(":")[2] or "e2e_p99"
+    if OBJECTIVES.get(metric) != "minimize":
+        raise InputError(
+            f"--objective {name}: {metric!r} is not a latency percentile",
+            hint="e.g. pareto (throughput vs e2e_p99) or pareto:ttft_p99; latencies: "
+            + ", ".join(k for k, v in OBJECTIVES.items() if v == "minimize"),
+        )
+    return metric
+
+
 def check_objective(name: str) -> str:
+    """The direction: minimize, maximize, or pareto (two objectives)."""
+    if pareto_latency(name):
+        return "pareto"
     if name not in OBJECTIVES:
         close = difflib.get_close_matches(name, OBJECTIVES, n=3)
         raise InputError(
             f"--objective: unknown objective {name!r}",
-            hint="choose one of " + ", ".join(close or OBJECTIVES),
+            hint="choose one of " + ", ".join(close or [*OBJECTIVES, "pareto"]),
         )
     return OBJECTIVES[name]
 
@@ -218,3 +236,4 @@ class TuneConfig:
     confirm_top: int = 3  # re-measure this many best configs after the budget
     confirm_repeats: int = 2  # fresh starts each (plus the trial itself)
     time_budget: float | None = None  # seconds for the whole study
+    pick: int | None = None  # write this trial's profile instead of the best

@@ -139,3 +139,13 @@ def test_initial_design_is_a_latin_hypercube():
     # Designs with a refused point are drawn again.
     ok = initial_design(params, 2, 0, valid=lambda pt: pt["seqs"] >= 8)
     assert all(p["seqs"] >= 8 for p in ok)
+
+
+def test_pareto_objective():
+    from qtune.search.config import pareto_latency
+
+    assert check_objective("pareto") == "pareto" and pareto_latency("pareto") == "e2e_p99"
+    assert pareto_latency("pareto:ttft_p99") == "ttft_p99"
+    assert pareto_latency("e2e_p99") is None
+    with pytest.raises(InputError, match="not a latency"):
+        check_objective("pareto:throughput")

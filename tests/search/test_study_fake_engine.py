@@ -16,6 +16,7 @@ import pytest
 
 from qtune.engines import ENGINES
 from qtune.engines.base import Failure, LaunchSpec, Param, SpaceContext, classify_by_patterns
+from qtune.errors import InputError
 from qtune.host.installed import EngineInstall, InstalledEngines
 from qtune.load.workload import Workload
 from qtune.profile import Profile
@@ -150,3 +151,38 @@ def test_grid_runs_every_point_once_and_stops(fake, tmp_path):
     # The baseline takes no grid cell: both delays are launched, then it stops.
     assert sorted(t.params["delay_ms"] for t in tuned) == [1, 30]
     assert res.stop_reason == "every grid point has been tried"
+
+
+def test_pareto_front_and_pick(fake, tmp_path):
+    """Throughput against latency: the front is reported, the knee is the
+    default profile, and --pick writes another point of a finished study."""
+    space = tmp_path / "space.yaml"
+    space.write_text("crash: false\n")
+    cfg = dataclasses.replace(fake, objective="pareto:e2e_p50", space_file=space,
+                              trials=5, study="pareto", sampler="random")
+    res = tune(cfg)
+    assert res.pareto_front and res.best is not None
+    front = {p["trial"] for p in res.pareto_front}
+    assert res.best.number in front
+    for p in res.pareto_front:
+        assert p["throughput"] > 0 and p["e2e_p50"] > 0
+    # No point of the front is beaten on both axes by a measured trial.
+    for t in res.trials:
+        if t.values and t.feasible:
+            assert not any(t.values[0] > p["throughput"] and t.values[1] < p["e2e_p50"]
+                           for p in res.pareto_front)
+    profile = Profile.load(res.profile_path)
+    assert profile.metrics["pareto_front"] and profile.metrics["objective"]["direction"] \
+        == "pareto"
+    other = next((n for n in front if n != res.best.number), res.best.number)
+    res2 = tune(dataclasses.replace(cfg, pick=other))
+    assert res2.best.number == other
+    assert sum(t.status != "invalid" for t in res2.trials) == 5  # nothing relaunched
+    with pytest.raises(InputError, match="--pick 99"):
+        tune(dataclasses.replace(cfg, pick=99))
+    # The report reads a two-objective study too.
+    from qtune.report import report
+
+    html = tmp_path / "r.html"
+    out = report("pareto", res.storage, html_path=html)
+    assert out["best_trial"] is not None and "e2e_p50 ms" in html.read_text()
