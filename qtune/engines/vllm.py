@@ -219,12 +219,16 @@ class VLLM:
                     lo = max(lo, math.ceil(need / 4))
                     hi = max(hi, 2 * math.ceil(need))
                 if (lo, hi) != (p.low, p.high):
-                    notes.append(f"max_num_seqs {lo}..{hi}: the defaults had "
-                                 f"{need:.0f} requests in flight" if need else
-                                 f"max_num_seqs {lo}..{hi}: the client keeps at most "
-                                 f"{load.concurrency} in flight")
+                    what = f"max_num_seqs {lo}..{hi}" if lo < hi else \
+                        f"max_num_seqs fixed at {lo}"
+                    notes.append(f"{what}: the client keeps at most {load.concurrency} "
+                                 "in flight" if load.concurrency else
+                                 f"{what}: the defaults had {need:.0f} requests in flight")
                     p = dataclasses.replace(p, low=lo, high=hi)
                 floor = lo
+                if lo == hi:
+                    fixed[p.name] = lo
+                    continue
             if p.name in ("gpu_memory_utilization", "VLLM_CPU_KVCACHE_SPACE") and server:
                 peak = server.get("kv_cache_usage_peak")
                 if (peak is not None and peak < 0.5 and not server.get("preemptions")):

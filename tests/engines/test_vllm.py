@@ -228,6 +228,11 @@ def test_shape_without_metrics_and_at_fixed_concurrency(cpu_ctx):
     kept, _, notes = VLLM().shape(space, cpu_ctx, load)
     assert next(p for p in kept if p.name == "max_num_seqs").high == 16
     assert "16 in flight" in notes[0]
+    # At 4 in flight (the static floor) there is nothing left to tune.
+    load = dataclasses.replace(load, concurrency=4)
+    kept, fixed, notes = VLLM().shape(space, cpu_ctx, load)
+    assert fixed["max_num_seqs"] == 4 and "max_num_seqs" not in {p.name for p in kept}
+    assert notes[0].startswith("max_num_seqs fixed at 4")
 
 
 def test_gpu_batched_tokens_are_powers_of_two(cpu_ctx):
