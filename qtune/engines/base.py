@@ -94,7 +94,6 @@ class LoadView:
 
     rate: float | None
     concurrency: int | None
-    output_len: float  # mean output tokens
     shared_prefix: bool  # do prompts share prefixes (prefix caching can help)
     baseline: Mapping[str, Any] | None = None
     baseline_params: Mapping[str, Any] = field(default_factory=dict)

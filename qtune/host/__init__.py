@@ -185,22 +185,7 @@ def placement(facts: HostFacts, n_gpus: int = 1) -> dict[str, Any]:
         why = "CPU serving: one node's cores and memory (no cross-node traffic)"
     chosen = next(n for n in facts.numa if n.id == node)
     cpus = [c for c in chosen.cpus if c in facts.usable_cpus] or chosen.cpus
-    return {"numa_node": node, "cpus": _cpulist(cpus), "why": why}
-
-
-def _cpulist(cpus: list[int]) -> str:
-    """[0, 1, 2, 5] → "0-2,5" (the form systemd and /sys use)."""
-    out, run = [], []
-    for c in sorted(cpus):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [c]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
+    return {"numa_node": node, "cpus": format_cpulist(cpus), "why": why}
 
 
 def findings(facts: HostFacts) -> list[Finding]:

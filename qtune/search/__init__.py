@@ -417,7 +417,6 @@ def _shape(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Prepared:
     wl = prep.cfg.workload
     load = LoadView(
         rate=wl.rate, concurrency=wl.concurrency if wl.rate is None else None,
-        output_len=wl.output_lengths.mean,
         shared_prefix=bool(wl.prefix_count) or wl.dataset is not None,
         baseline=base.user_attrs.get("summary") if base else None,
         baseline_params=base.user_attrs.get("launch_params", {}) if base else {},
@@ -775,6 +774,7 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     best = _best(study, cfg.pick)
     feasible = [r for r in trials if r.feasible and r.status == "ok"]
     front = pareto_front(feasible) if prep.direction == "pareto" else []
+    front_view = _front_view(front, pareto_latency(cfg.objective) or "") if front else None
     if cfg.pick is not None and best is None:
         choices = [r.number for r in (front or feasible)]
         raise InputError(
@@ -808,7 +808,8 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
             improvement = w / b
     profile = path = None
     if best is not None:
-        profile = build_profile(prep, study, best, baseline, len(trials), improvement)
+        profile = build_profile(prep, study, best, baseline, len(trials), improvement,
+                                front_view)
         path = (cfg.out or (cfg.profiles_dir / f"{prep.study_name}.yaml")).resolve()
         profile.save(path)
     attrs = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
@@ -820,11 +821,8 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     unsent = [a["requests_unsent"] for a in attrs.values() if "requests_unsent" in a]
     pruning = {"pruned": len(unsent),
                "measure_s_saved": round(sum(unsent) * typical, 3)}
-    res = TuneResult(prep.study_name, prep.storage_url, best, baseline, trials,
-                     path, profile, improvement, accuracy, pruning)
-    if prep.direction == "pareto":
-        res.pareto_front = _front_view(front, pareto_latency(cfg.objective) or "")
-    return res
+    return TuneResult(prep.study_name, prep.storage_url, best, baseline, trials,
+                      path, profile, improvement, accuracy, pruning, pareto_front=front_view)
 
 
 def _front_view(front: list[TrialRecord], latency: str) -> list[dict[str, Any]]:
@@ -861,6 +859,7 @@ def build_profile(
     baseline: TrialRecord | None,
     n_trials: int,
     improvement: float | None,
+    pareto_front: list[dict[str, Any]] | None = None,
 ) -> Profile:
     cfg = prep.cfg
     # The trial ran on a random port; the deployed server gets a fixed one.
@@ -895,12 +894,7 @@ def build_profile(
             "baseline": _metrics_view(baseline),
             "startup_s": best.startup_s,
             "confirmation": study.user_attrs.get("confirmation") or None,
-            "pareto_front": _front_view(
-                pareto_front([r for r in (TrialRecord.from_frozen(t) for t in
-                                          study.get_trials(deepcopy=False))
-                              if r.feasible and r.status == "ok"]),
-                pareto_latency(cfg.objective) or "") if prep.direction == "pareto"
-            else None,
+            "pareto_front": pareto_front,
         },
         workload=cfg.workload.to_dict(),
         slo=[str(s) for s in cfg.slo],

@@ -187,7 +187,7 @@ def test_shape_from_the_defaults_run(cpu_ctx):
     space = VLLM().space(ctx)
     base = {"server": {"running_peak": 353, "kv_cache_usage_peak": 0.47,
                        "preemptions": 0}, "e2e_ms": {"p50": 8000}}
-    load = LoadView(rate=40, concurrency=None, output_len=256, shared_prefix=False,
+    load = LoadView(rate=40, concurrency=None, shared_prefix=False,
                     baseline=base)
     kept, fixed, notes = VLLM().shape(space, ctx, load)
     by = {p.name: p for p in kept}
@@ -210,7 +210,7 @@ def test_shape_without_metrics_and_at_fixed_concurrency(cpu_ctx):
 
     space = VLLM().space(cpu_ctx)
     # No /metrics: Little's law on the client's figures (12 req/s x 0.5 s = 6).
-    load = LoadView(rate=12, concurrency=None, output_len=32, shared_prefix=True,
+    load = LoadView(rate=12, concurrency=None, shared_prefix=True,
                     baseline={"e2e_ms": {"p50": 500}},
                     baseline_params={"VLLM_CPU_KVCACHE_SPACE": 4})
     kept, fixed, _ = VLLM().shape(space, cpu_ctx, load)
@@ -224,7 +224,7 @@ def test_shape_without_metrics_and_at_fixed_concurrency(cpu_ctx):
     assert fixed == {"VLLM_CPU_KVCACHE_SPACE": 4}
     assert "VLLM_CPU_KVCACHE_SPACE" not in {p.name for p in kept}
     # A fixed-concurrency client never has more than 16 requests in flight.
-    load = LoadView(rate=None, concurrency=16, output_len=32, shared_prefix=True)
+    load = LoadView(rate=None, concurrency=16, shared_prefix=True)
     kept, _, notes = VLLM().shape(space, cpu_ctx, load)
     assert next(p for p in kept if p.name == "max_num_seqs").high == 16
     assert "16 in flight" in notes[0]
