@@ -208,6 +208,9 @@ def search(
     pick: Annotated[int | None, typer.Option(
         help="Write the profile of this trial (e.g. a point of the Pareto front) "
         "instead of the best; with --study, of a finished study.")] = None,
+    exact: Annotated[bool, typer.Option(
+        help="Keep the model's numerics: leave fp8 KV cache and fp8 weights "
+        "out of the space.")] = False,
     json_out: JsonOut = False,
 ) -> None:
     """Tune the engine's launch flags against a live load; write a profile."""
@@ -222,7 +225,7 @@ def search(
                      startup_timeout=startup_timeout, seed=wl.seed, sampler=sampler,
                      time_budget=time_budget * 60 if time_budget else None,
                      memory_check=memory_check, confirm_top=confirm_top,
-                     confirm_repeats=confirm_repeats, pick=pick)
+                     confirm_repeats=confirm_repeats, pick=pick, exact=exact)
     prep = prepare(cfg)
     with console.SearchReporter(objective) as rep:
         res = run_study(prep, rep)

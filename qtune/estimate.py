@@ -38,6 +38,12 @@ def _text(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def param_count(cfg: dict[str, Any]) -> int:
+    return sum(_param_split(cfg))
+
+
+def _param_split(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(parameters of the linear layers, of the embeddings): online
+    quantization converts the first only."""
     c = _text(cfg)
     h = int(c.get("hidden_size", 0))
     layers = int(c.get("num_hidden_layers", 0))
@@ -56,7 +62,17 @@ def param_count(cfg: dict[str, Any]) -> int:
         mlp = 3 * h * inter  # gated MLP: gate, up, down
     emb = vocab * h * (1 if c.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))
                        else 2)
-    return layers * (attn + mlp) + emb
+    return layers * (attn + mlp), emb
+
+
+def weight_bytes(cfg: dict[str, Any], quantization: str = "none") -> float:
+    """Bytes of weights; ``quantization`` is vLLM's ``--quantization`` when
+    it quantizes at load (fp8: linear layers to 1 byte, embeddings kept)."""
+    linear, emb = _param_split(cfg)
+    per = weight_bytes_per_param(cfg)
+    if quantization == "fp8" and not cfg.get("quantization_config"):
+        return linear * 1.0 + emb * per
+    return (linear + emb) * per
 
 
 def weight_bytes_per_param(cfg: dict[str, Any]) -> float:
@@ -101,8 +117,9 @@ class Estimate:
 
 
 def estimate_gpu(cfg: dict[str, Any], *, gpu_memory: int, utilization: float, tp: int,
-                 max_model_len: int, kv_dtype: str = "auto") -> Estimate:
-    weights = param_count(cfg) * weight_bytes_per_param(cfg) / tp
+                 max_model_len: int, kv_dtype: str = "auto",
+                 quantization: str = "none") -> Estimate:
+    weights = weight_bytes(cfg, quantization) / tp
     budget = gpu_memory * utilization - weights - GPU_HEADROOM
     per_tok = kv_bytes_per_token(cfg, kv_dtype) / tp
     need = per_tok * max_model_len
@@ -120,7 +137,7 @@ def estimate_gpu(cfg: dict[str, Any], *, gpu_memory: int, utilization: float, tp
 
 def estimate_cpu(cfg: dict[str, Any], *, kv_space: float, available: float,
                  max_model_len: int, kv_dtype: str = "auto") -> Estimate:
-    weights = param_count(cfg) * weight_bytes_per_param(cfg)
+    weights = weight_bytes(cfg)
     per_tok = kv_bytes_per_token(cfg, kv_dtype)
     need = per_tok * max_model_len
     tokens = int(kv_space / per_tok) if per_tok else 0

@@ -33,6 +33,14 @@ def test_gpu_fit():
     assert not tiny.fits and "weights" in tiny.reason
     assert estimate_gpu(QWEN3_4B, gpu_memory=8 * GiB, utilization=0.9, tp=2,
                         max_model_len=1024).fits
+    # fp8 weights: the linear layers at one byte, the embedding stays bf16
+    # (Qwen3-4B: 3.6B linear + 0.39B tied embedding parameters).
+    q = estimate_gpu(QWEN3_4B, gpu_memory=h200, utilization=0.9, tp=1,
+                     max_model_len=40960, quantization="fp8")
+    assert 4.0 * GiB < q.weights < 4.5 * GiB
+    assert q.max_tokens > e.max_tokens
+    assert estimate_gpu(QWEN3_4B, gpu_memory=8 * GiB, utilization=0.9, tp=1,
+                        max_model_len=1024, quantization="fp8").fits
 
 
 def test_cpu_fit():

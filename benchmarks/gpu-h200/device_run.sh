@@ -18,7 +18,7 @@ start)
   date +%s > $Q/t0
   rm -rf /tmp/qrepo && mkdir -p /tmp/qrepo && cp -r qtune examples pyproject.toml /tmp/qrepo/ \
     && mkdir -p /tmp/qrepo/studies /tmp/qrepo/profiles
-  cp .gpuwheels/p5/* /tmp/wh/ && cd /tmp/wh && cat part.0 part.1 part.2 part.3 part.4 part.5 part.6 \
+  cp .gpuwheels/p6/* /tmp/wh/ && cd /tmp/wh && cat part.0 part.1 part.2 part.3 part.4 part.5 part.6 \
     > all.tar && sha256sum all.tar && mkdir -p w && tar xf all.tar -C w && rm -f part.* all.tar || exit 3
   t=$(date +%s); python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --target /tmp/site /tmp/wh/w/*.whl 2>&1 | tail -3; echo "install_s=$(( $(date +%s)-t ))"
@@ -30,14 +30,14 @@ start)
 cd /tmp/qrepo; Q=/tmp/qt
 s=$(date +%s)
 python3 -m qtune search --model examples/qwen3-4b --input-len 1024 --output-len 256 --rate 40 \
-  --requests 800 --warmup 160 --seed 1 --trials 9 --time-budget 14 --confirm-top 0 \
+  --requests 800 --warmup 160 --seed 1 --trials 9 --time-budget 12 --confirm-top 0 \
   --storage journal:///tmp/qt/h200.log --study h200-qwen3-4b --out $Q/h200-qwen3-4b.yaml \
   --json > $Q/search.json 2> $Q/search.err
 echo "search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
 python3 -m qtune emit $Q/h200-qwen3-4b.yaml --format systemd -o $Q/h200-qwen3-4b.service > $Q/emit.out 2>&1
 echo "emit rc=$?" >> $Q/chain.log
 s=$(date +%s)
-python3 -m qtune verify $Q/h200-qwen3-4b.yaml --repeat 2 --json > $Q/verify.json 2> $Q/verify.err
+python3 -m qtune verify $Q/h200-qwen3-4b.yaml --repeat 3 --json > $Q/verify.json 2> $Q/verify.err
 echo "verify rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
 touch $Q/DONE
 EOC

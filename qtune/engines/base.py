@@ -81,6 +81,9 @@ class SpaceContext:
     # The installed engine's own arguments ({dest: {flag, kind, default,
     # choices}}), when they could be read; None means "use built-in facts".
     engine_args: dict[str, Any] | None = None
+    # Keep the model's numerics: no lossy option (fp8 KV cache, fp8 weights)
+    # in the space.
+    exact: bool = False
 
     @property
     def effective_max_model_len(self) -> int:

@@ -137,13 +137,18 @@ class VLLM:
             tps = self.valid_tp_sizes(ctx)
             if len(tps) > 1:
                 params.append(Param("tensor_parallel_size", "choice", choices=tuple(tps)))
-            dtypes: tuple[str, ...] = ("auto",)
-            if ctx.host.gpus and all(
-                _cc(g.compute_capability) >= (8, 9) for g in ctx.host.gpus
-            ):
-                dtypes = ("auto", "fp8")  # fp8 KV needs Ada/Hopper or newer
-            if len(dtypes) > 1:
-                params.append(Param("kv_cache_dtype", "choice", choices=dtypes))
+            # fp8 tensor cores (Ada/Hopper or newer) make fp8 a speed option;
+            # both change numerics, so --exact leaves them out.
+            fp8 = not ctx.exact and bool(ctx.host.gpus) and all(
+                _cc(g.compute_capability) >= (8, 9) for g in ctx.host.gpus)
+            if fp8:
+                params.append(Param("kv_cache_dtype", "choice", choices=("auto", "fp8"),
+                                    help="KV cache precision (fp8 halves its reads)"))
+                if not ctx.model.config.get("quantization_config"):
+                    # Online fp8 of the linear layers at load: half the weight
+                    # bytes and 2x the GEMM peak.  "none" is the model's dtype.
+                    params.append(Param("quantization", "choice", choices=("none", "fp8"),
+                                        help="weights quantized to fp8 at load"))
             params.append(
                 Param(
                     "max_cudagraph_capture_size",
@@ -304,6 +309,8 @@ class VLLM:
         if ctx.install.pythonpath:
             env["PYTHONPATH"] = ctx.install.pythonpath
         for name, value in sorted(params.items()):
+            if name == "quantization" and value == "none":
+                continue  # the model's own dtype: vLLM has no "none" value
             p = space.get(name)
             if (p is not None and p.target == "env") or name.isupper():
                 env[name] = str(value)
@@ -338,7 +345,8 @@ class VLLM:
         return estimate_gpu(cfg, gpu_memory=gpu_mem,
                             utilization=float(params.get("gpu_memory_utilization", 0.92)),
                             tp=int(params.get("tensor_parallel_size", 1)),
-                            max_model_len=mml, kv_dtype=kv_dtype)
+                            max_model_len=mml, kv_dtype=kv_dtype,
+                            quantization=str(params.get("quantization", "none")))
 
 
 def to_flag(name: str, value: Any, info: dict[str, Any] | None = None) -> list[str]:

@@ -31,6 +31,9 @@ __all__ = [
 # Requests prepared ahead for a phase bounded only by time; more are built
 # (between sends) if a fast server drains them.
 _POOL = 256
+# Seconds a pooled connection may stay idle and still be reused; below the
+# 5 s keep-alive timeout of uvicorn (vLLM, SGLang).
+KEEPALIVE_S = 2.0
 
 
 @dataclass
@@ -194,7 +197,12 @@ async def run_load(
     may stop it for any reason of its own (pruning)."""
     path = "/v1/chat/completions" if wl.endpoint == "chat" else "/v1/completions"
     url = base_url.rstrip("/") + path
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    # Reused connections must not outlive the server's idle timeout: aiohttp
+    # reuses the oldest idle one first (15 s default) while uvicorn, as vLLM
+    # and SGLang run it, closes it after 5 s, and a request sent as it closes
+    # fails.  Read at call time so tests can scale it.
+    connector = aiohttp.TCPConnector(limit=0, force_close=False,
+                                     keepalive_timeout=KEEPALIVE_S)
     async with aiohttp.ClientSession(connector=connector) as session:
         warm: list[RequestSample] = []
         w0 = time.perf_counter()

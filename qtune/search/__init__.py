@@ -208,7 +208,8 @@ def prepare(cfg: TuneConfig) -> Prepared:
         from qtune.engines.vllm_args import engine_args as read_args
 
         engine_args = read_args(install)
-    ctx = SpaceContext(host, model, install, cfg.max_model_len, engine_args)
+    ctx = SpaceContext(host, model, install, cfg.max_model_len, engine_args,
+                       exact=cfg.exact)
     params = engine.space(ctx)
     fixed: dict[str, Any] = {}
     if override is not None:

@@ -237,3 +237,4 @@ class TuneConfig:
     confirm_repeats: int = 2  # fresh starts each (plus the trial itself)
     time_budget: float | None = None  # seconds for the whole study
     pick: int | None = None  # write this trial's profile instead of the best
+    exact: bool = False  # no lossy options (fp8 KV / weights) in the space

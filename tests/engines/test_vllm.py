@@ -40,8 +40,39 @@ def test_gpu_space_tp_divides_heads(cpu_ctx):
     # 32 heads, 8 KV heads, 3 GPUs: tp 3 does not divide 32.
     assert space["tensor_parallel_size"].choices == (1, 2)
     assert space["kv_cache_dtype"].choices == ("auto", "fp8")
+    assert space["quantization"].choices == ("none", "fp8")
     assert "VLLM_CPU_KVCACHE_SPACE" not in space
     assert VLLM().check({"tensor_parallel_size": 3}, ctx)
+
+
+def test_fp8_options_follow_hardware_model_and_exact(cpu_ctx):
+    from qtune.host.gpu import GPU, GPUReport
+
+    def names(cc="9.0", exact=False, config=None):
+        gpus = [GPU(0, "G", "GPU-0", 80 * 2**30, 80 * 2**30, cc, "0000:01:00.0", 0,
+                    [], 5, 16, 5, 16)]
+        host = dataclasses.replace(cpu_ctx.host, gpu=GPUReport(gpus, "580", "13.0", None))
+        model = cpu_ctx.model if config is None else dataclasses.replace(
+            cpu_ctx.model, config={**cpu_ctx.model.config, **config})
+        ctx = dataclasses.replace(cpu_ctx, host=host, model=model, exact=exact,
+                                  install=dataclasses.replace(cpu_ctx.install,
+                                                              build="cuda"))
+        return {p.name for p in VLLM().space(ctx)}
+
+    assert {"kv_cache_dtype", "quantization"} <= names()
+    # Ampere has no fp8 tensor cores; --exact keeps the model's numerics.
+    assert not {"kv_cache_dtype", "quantization"} & names(cc="8.0")
+    assert not {"kv_cache_dtype", "quantization"} & names(exact=True)
+    # A checkpoint already quantized is not quantized again.
+    assert "quantization" not in names(config={"quantization_config": {"bits": 4}})
+
+
+def test_quantization_none_is_no_flag(cpu_ctx):
+    ctx = _gpu_ctx(cpu_ctx)
+    argv = list(VLLM().launch_spec({"quantization": "none"}, ctx, host="h", port=1).argv)
+    assert "--quantization" not in argv
+    argv = list(VLLM().launch_spec({"quantization": "fp8"}, ctx, host="h", port=1).argv)
+    assert argv[argv.index("--quantization") + 1] == "fp8"
 
 
 def test_chunked_prefill_off_only_where_it_can_run(cpu_ctx):
