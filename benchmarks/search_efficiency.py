@@ -58,21 +58,18 @@ a size above the host's RAM: qtune's default CPU space caps the KV budget at
 half the free memory, so without it the memory estimate would never fire
 here.  Those configs double the proposals, not the launches.
 
-Workarounds for qtune (the runs table says when one applied):
-
-- ``--sampler grid``: the param-less baseline trial takes the GridSampler's
-  grid point 0, which is then never run; and once the grid is exhausted
-  Optuna's ``GridSampler.after_trial`` calls ``study.stop()``, which raises
-  outside ``Study.optimize`` (qtune exits 1, no ``--json``).  The script
-  reads every run's trials from its Optuna storage, and runs any launchable
-  grid point the grid run missed as its own one-launch ``qtune search`` (all params
-  fixed, ``--trials 1``), counted in the grid's launches and wall time.
-- ``--json`` has no per-trial timestamps, partial values or requests left
-  unsent: those come from the study storage (Optuna's trial times).
-
-Read the TPE figures knowing that in qtune's flow TPE runs univariate: the
-baseline trial has no parameters, so Optuna's intersection search space of
-finished trials is empty and multivariate TPE never engages.
+Fallbacks for older qtune (the runs table says when one applied).  The
+first run (``results/search-efficiency-20261130-024330``) found two grid bugs
+that qtune has fixed since: the param-less baseline took the GridSampler's
+grid point 0, which was then never run, and an exhausted grid called
+``study.stop()`` outside ``Study.optimize`` (qtune exited 1, no ``--json``).
+The script still reads every run's trials from its Optuna storage and runs
+any launchable grid point the grid run missed as its own one-launch
+``qtune search`` (all params fixed, ``--trials 1``), counted in the grid's
+launches and wall time.  Per-trial timestamps come from the storage too
+(``--json`` has none).  In that first run TPE also ran univariate (the
+baseline's empty params emptied Optuna's joint space); qtune now builds a
+multivariate TPE with ``group=True``.
 
     python benchmarks/search_efficiency.py            # ~40 min on 2 idle cores
     python benchmarks/search_efficiency.py --quick    # ~6 min smoke run

@@ -208,6 +208,13 @@ def search(
     pick: Annotated[int | None, typer.Option(
         help="Write the profile of this trial (e.g. a point of the Pareto front) "
         "instead of the best; with --study, of a finished study.")] = None,
+    levels: Annotated[str | None, typer.Option(
+        help="With --objective pareto: loads to measure each launched config at, "
+        "on its one server (req/s, or streams with --concurrency), e.g. 2,4,8; "
+        "each is a point of the front.")] = None,
+    sampler_seed: Annotated[int | None, typer.Option(
+        help="Seed of the sampler alone (default: --seed), to vary the search "
+        "over the same workload.")] = None,
     exact: Annotated[bool, typer.Option(
         help="Keep the model's numerics: leave fp8 KV cache and fp8 weights "
         "out of the space.")] = False,
@@ -216,16 +223,18 @@ def search(
     """Tune the engine's launch flags against a live load; write a profile."""
     from qtune import console
     from qtune.search import prepare, run_study
-    from qtune.search.config import TuneConfig, parse_slo
+    from qtune.search.config import TuneConfig, parse_levels, parse_slo
     wl = _workload(locals())
     cfg = TuneConfig(model=model, engine=engine, engine_python=engine_python,
                      trials=trials, workload=wl, objective=objective,
                      slo=parse_slo(slo), space_file=space, study=study,
                      storage=storage, out=out, max_model_len=max_model_len,
-                     startup_timeout=startup_timeout, seed=wl.seed, sampler=sampler,
+                     startup_timeout=startup_timeout,
+                     seed=wl.seed if sampler_seed is None else sampler_seed, sampler=sampler,
                      time_budget=time_budget * 60 if time_budget else None,
                      memory_check=memory_check, confirm_top=confirm_top,
-                     confirm_repeats=confirm_repeats, pick=pick, exact=exact)
+                     confirm_repeats=confirm_repeats, pick=pick, exact=exact,
+                     levels=parse_levels(levels))
     prep = prepare(cfg)
     with console.SearchReporter(objective) as rep:
         res = run_study(prep, rep)

@@ -143,8 +143,14 @@ class SearchReporter:
         bound = " ".join(x for x in (
             f"{wl['requests']} requests" if wl["requests"] else "",
             f"{wl['duration']:g} s" if wl["duration"] else "") if x)
-        load = (f"poisson {wl['rate']:g} req/s" if wl["rate"] is not None
+        arrival = wl.get("arrival") or "poisson"
+        if arrival == "poisson" and wl.get("burstiness", 1.0) not in (None, 1.0):
+            arrival = f"gamma (burstiness {wl['burstiness']:g})"
+        load = (f"{arrival} {wl['rate']:g} req/s" if wl["rate"] is not None
                 else f"concurrency {wl['concurrency'] or 1}")
+        if info.get("levels"):
+            load += " (levels " + ", ".join(f"{v:g}" for v in info["levels"]) + \
+                " on each server)"
         err.print(f"  load     {wl['input_len']} in / {wl['output_len']} out tokens, "
                   f"{load}, {bound}, {wl['warmup_requests']} warm-up")
         err.print(f"  goal     {info['objective']}"
@@ -163,13 +169,17 @@ class SearchReporter:
                 style="dim"))
 
     def trial_done(self, rec: Any, best: Any) -> None:
-        if rec.status != "invalid":
+        if rec.status != "invalid" and getattr(rec, "server_of", None) is None:
             self.done_launched += 1
             if rec.total_s:
                 self.trial_times.append(rec.total_s)
         if self.quiet:
             return
         tag = "baseline " if rec.baseline else ""
+        if getattr(rec, "server_of", None) is not None:
+            tag += f"(server of trial {rec.server_of}, load {rec.load_level:g}) "
+        elif getattr(rec, "load_level", None) is not None:
+            tag += f"(load {rec.load_level:g}) "
         params = " ".join(f"{k}={v}" for k, v in rec.params.items()) or "engine defaults"
         if rec.status == "ok":
             s = rec.summary

@@ -47,6 +47,8 @@ def trials_frame(study: optuna.Study) -> Any:
             "reason": r.reason, "value": r.value, "feasible": r.feasible,
             "startup_s": r.startup_s, "measure_s": r.measure_s, "detail": r.detail,
         }
+        if r.load_level is not None:  # --levels: the load, and whose server
+            row["load_level"], row["server_of"] = r.load_level, r.server_of
         row.update({f"param.{k}": v for k, v in r.params.items()})
         for m in ("ttft", "tpot", "itl", "e2e"):
             for p in ("p50", "p90", "p99"):

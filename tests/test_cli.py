@@ -47,6 +47,8 @@ def assert_clean_error(r: subprocess.CompletedProcess[str], needle: str) -> None
         (["--sampler", "cmaes"], {}, "sampler"),
         (["--workload", "w.yaml"], {"w.yaml": "rate: [1\n"}, "YAML"),
         (["--objective", "capacity"], {}, "--slo"),
+        (["--levels", "2,4"], {}, "--objective pareto"),
+        (["--objective", "pareto", "--levels", "4"], {}, "--levels"),
     ],
 )
 def test_search_bad_input(tmp_path, args, files, needle):

@@ -103,6 +103,12 @@ class TrialRecord:
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     log: str | None = None
+    # --levels: the load this point was measured at, and the trial whose
+    # server it shared (None: the trial launched its own server).
+    load_level: float | None = None
+    server_of: int | None = None
+    started: str | None = None  # ISO times from the study (Optuna's own)
+    finished: str | None = None
 
     @classmethod
     def from_frozen(cls, t: optuna.trial.FrozenTrial) -> TrialRecord:
@@ -126,6 +132,10 @@ class TrialRecord:
             argv=a.get("argv", []),
             env=a.get("env", {}),
             log=a.get("log"),
+            load_level=a.get("load_level"),
+            server_of=a.get("server_of"),
+            started=t.datetime_start.isoformat() if t.datetime_start else None,
+            finished=t.datetime_complete.isoformat() if t.datetime_complete else None,
         )
 
 
@@ -189,6 +199,8 @@ def prepare(cfg: TuneConfig) -> Prepared:
     ]:
         raise InputError(f"--objective {cfg.objective} needs a latency --slo",
                          hint="e.g. --slo 'ttft_p99<=500ms,tpot_p99<=50ms'")
+    if cfg.levels:
+        cfg = _with_levels(cfg, direction)
     host = probe(engine_python=cfg.engine_python)
     install = host.engines.get(cfg.engine)
     if install is None:
@@ -220,6 +232,27 @@ def prepare(cfg: TuneConfig) -> Prepared:
     user_set = frozenset(override.entries) if override is not None else frozenset()
     return Prepared(cfg, host, engine, ctx, params, fixed, direction, study_name,
                     storage_url, study_dir, user_set)
+
+
+def _with_levels(cfg: TuneConfig, direction: str) -> TuneConfig:
+    """Check ``--levels`` and make the highest level the study's load (the
+    one the sampler's own trials record, shaping and pruning use)."""
+    wl = cfg.workload
+    if direction != "pareto":
+        raise InputError("--levels needs --objective pareto",
+                         hint="each level is a point of the throughput/latency front; "
+                         "for one load, use --rate or --concurrency")
+    if wl.dataset:
+        raise InputError("--levels cannot be combined with --dataset",
+                         hint="later levels would re-send the file's prompts and prefix "
+                         "caching would flatter them; use synthetic prompts")
+    if wl.concurrency is not None and any(v != int(v) for v in cfg.levels):
+        raise InputError(f"--levels {','.join(f'{v:g}' for v in cfg.levels)}: with "
+                         "--concurrency the levels are stream counts",
+                         hint="use whole numbers, e.g. --levels 2,4,8")
+    top = max(cfg.levels)
+    return dataclasses.replace(cfg, workload=_at_load(wl, int(top) if wl.concurrency
+                                                      is not None else top))
 
 
 def _default_study_name(model: ModelInfo, cfg: TuneConfig, host: HostFacts) -> str:
@@ -313,6 +346,7 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         "trials": cfg.trials,
         "time_budget": cfg.time_budget,
         "workload": cfg.workload.to_dict(),
+        "levels": list(cfg.levels),
         "objective": cfg.objective,
         "slo": [str(s) for s in cfg.slo],
     })
@@ -322,6 +356,7 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
             1 for t in study.get_trials(deepcopy=False)
             if t.user_attrs.get("status") in ("ok", "startup_failed", "load_failed",
                                               "pruned")
+            and "server_of" not in t.user_attrs  # --levels: no launch of its own
         )
 
     started = time.monotonic()
@@ -573,7 +608,9 @@ def _run_trial(
     reporter: Reporter,
 ) -> None:
     try:
-        _run_trial_inner(prep, study, trial, params, reporter)
+        lower = _run_trial_inner(prep, study, trial, params, reporter)
+        for level, summary in lower:
+            _add_level_point(prep, study, trial, params, level, summary, reporter)
     except BaseException:
         # Ctrl-C or SIGTERM mid-trial: the server is already stopped by its
         # context manager; close the trial so a resume does not see it RUNNING.
@@ -590,10 +627,13 @@ def _run_trial_inner(
     trial: optuna.Trial,
     params: dict[str, Any],
     reporter: Reporter,
-) -> None:
+) -> list[tuple[float, dict[str, Any]]]:
+    """Launch, measure, tell.  Returns the --levels points measured on this
+    server below the study's load, for the caller to add as trials."""
     cfg = prep.cfg
     n = trial.number
     baseline = bool(trial.user_attrs.get("baseline"))
+    lower: list[tuple[float, dict[str, Any]]] = []
     t0 = time.monotonic()
     log_path = prep.study_dir / f"trial-{n:03d}.log"
     rec = TrialRecord(n, params, "ok", baseline=baseline, log=str(log_path))
@@ -610,8 +650,9 @@ def _run_trial_inner(
                     on_tick=lambda s: reporter.trial_phase(n, "starting", f"{s:.0f} s"),
                     classify=prep.engine.classify,
                 )
-                reporter.trial_phase(n, "measuring", cfg.workload.mode)
                 m0 = time.monotonic()
+                lower = _lower_levels(prep, spec, n, reporter) if cfg.levels else []
+                reporter.trial_phase(n, "measuring", cfg.workload.mode)
                 best = _best(study)
                 summary = _measure(prep, spec, n, reporter, baseline,
                                    best.value if best and prep.direction != "pareto"
@@ -633,9 +674,12 @@ def _run_trial_inner(
             _set_attrs(trial, rec)
             study.tell(trial, state=TrialState.PRUNED)
             reporter.trial_done(rec, _best(study))
-            return
+            return []  # a server that died: its lower levels are not kept either
     rec.summary = summary
     rec.total_s = time.monotonic() - t0
+    if cfg.levels:
+        rec.load_level = _level_of(cfg.workload)
+        trial.set_user_attr("load_level", rec.load_level)
     if summary.get("stopped_early") and summary["stopped_early"] != "saturated":
         # Pruned mid-measurement: tell TPE how far it got, not a full value.
         done = summary["completed"] + summary["failed"]
@@ -654,7 +698,7 @@ def _run_trial_inner(
         _set_attrs(trial, rec)
         study.tell(trial, state=TrialState.PRUNED)
         reporter.trial_done(rec, _best(study))
-        return
+        return lower
     value = objective_value(summary, cfg.objective)
     failed = summary["failed"]
     trial.set_constraint("failed_requests", float(failed))
@@ -673,6 +717,62 @@ def _run_trial_inner(
         study.tell(trial, value)
     rec.feasible = _feasible(study.get_trials(deepcopy=False)[n])
     reporter.trial_done(rec, _best(study))
+    return lower
+
+
+def _level_of(wl: Any) -> float:
+    return float(wl.rate if wl.rate is not None else wl.concurrency)
+
+
+def _lower_levels(prep: Prepared, spec: Any, n: int,
+                  reporter: Reporter) -> list[tuple[float, dict[str, Any]]]:
+    """``--levels``: measure the levels below the study's load (its highest
+    level) on the server already up, lightest first.  Sharing one server is
+    valid here because nothing a level leaves behind changes the next: each
+    level has its own warm-up and its own prompts (another seed, so prefix
+    caching cannot reuse the previous level's), and every request of a level
+    has finished before the next starts."""
+    from qtune.bench import BenchConfig, measure
+
+    cfg = prep.cfg
+    out = []
+    for i, level in enumerate(sorted(cfg.levels)[:-1]):
+        wl = dataclasses.replace(_at_load(cfg.workload, level),
+                                 seed=cfg.workload.seed + 7919 * (i + 1))
+        bcfg = BenchConfig(urls=[spec.base_url], workload=wl, model=spec.served_model,
+                           tokenizer=prep.ctx.model.tokenizer_dir, slo=cfg.slo)
+
+        def progress(text: str, level: float = level) -> None:
+            reporter.trial_phase(n, "measuring", f"level {level:g}: {text}")
+
+        out.append((level, measure(spec.base_url, spec.served_model, wl, bcfg,
+                                   progress=progress)))
+    return out
+
+
+def _add_level_point(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
+                     params: dict[str, Any], level: float, summary: dict[str, Any],
+                     reporter: Reporter) -> None:
+    """One --levels point as a trial of its own: the same engine config (and
+    sampled params) as ``trial``, whose server it shared."""
+    cfg = prep.cfg
+    value = objective_value(summary, cfg.objective)
+    if value is None or math.isnan(value):
+        value = 1e12
+    values = [metric_value(summary, "throughput") or 0.0, value]
+    constraints = {"failed_requests": float(summary["failed"])}
+    for slo in cfg.slo:
+        constraints[str(slo)] = slo.violation(metric_value(summary, slo.metric))
+    frozen = study.get_trials(deepcopy=False)[trial.number]
+    attrs = {k: v for k, v in frozen.user_attrs.items()
+             if k in ("launch_params", "argv", "env", "log", "startup_s", "baseline")}
+    attrs.update({"status": "ok", "summary": summary, "load_level": level,
+                  "server_of": trial.number})
+    study.add_trial(optuna.trial.create_trial(
+        values=values, params=frozen.params, distributions=frozen.distributions,
+        user_attrs=attrs, constraints=constraints))
+    added = TrialRecord.from_frozen(study.get_trials(deepcopy=False)[-1])
+    reporter.trial_done(added, _best(study))
 
 
 def objective_value(summary: dict[str, Any], objective: str) -> float | None:
@@ -897,7 +997,9 @@ def build_profile(
             "confirmation": study.user_attrs.get("confirmation") or None,
             "pareto_front": pareto_front,
         },
-        workload=cfg.workload.to_dict(),
+        # A --levels point is a profile for the load it was measured at.
+        workload=(cfg.workload if best.load_level is None
+                  else _at_load(cfg.workload, best.load_level)).to_dict(),
         slo=[str(s) for s in cfg.slo],
         host=prep.host.fingerprint(),
         placement=placement(prep.host, int(best.params.get("tensor_parallel_size", 1))),

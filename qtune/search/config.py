@@ -238,3 +238,22 @@ class TuneConfig:
     time_budget: float | None = None  # seconds for the whole study
     pick: int | None = None  # write this trial's profile instead of the best
     exact: bool = False  # no lossy options (fp8 KV / weights) in the space
+    # pareto: loads (req/s, or streams with --concurrency) each launched
+    # config is measured at, on its one server; the workload is the highest.
+    levels: tuple[float, ...] = ()
+
+
+def parse_levels(text: str | None) -> tuple[float, ...]:
+    """``--levels 2,4,8`` → (2.0, 4.0, 8.0)."""
+    if not text:
+        return ()
+    try:
+        vals = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise InputError(f"--levels: cannot read {text!r}",
+                         hint="comma-separated loads, e.g. --levels 2,4,8") from None
+    if len(set(vals)) < 2 or min(vals) <= 0:
+        raise InputError(f"--levels {text}: give two or more different positive loads",
+                         hint="e.g. --levels 2,4,8 (req/s, or streams with --concurrency)")
+    return tuple(sorted(set(vals)))
+

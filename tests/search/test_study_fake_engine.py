@@ -186,3 +186,43 @@ def test_pareto_front_and_pick(fake, tmp_path):
     html = tmp_path / "r.html"
     out = report("pareto", res.storage, html_path=html)
     assert out["best_trial"] is not None and "e2e_p50 ms" in html.read_text()
+
+
+def test_levels_share_one_server_per_config(fake, tmp_path):
+    """--levels: each launched config is measured at every load on its one
+    server; each level is a point (a trial) of the front, and picking one
+    writes a profile for the load it was measured at."""
+    space = tmp_path / "space.yaml"
+    space.write_text("crash: false\n")
+    cfg = dataclasses.replace(fake, objective="pareto:e2e_p50", space_file=space,
+                              trials=3, study="levels", levels=(1.0, 4.0))
+    res = tune(cfg)
+    launched = [t for t in res.trials if t.status == "ok" and t.server_of is None]
+    points = [t for t in res.trials if t.server_of is not None]
+    assert len(launched) == 3  # --trials counts launches, not points
+    assert sorted(t.server_of for t in points) == [t.number for t in launched]
+    assert {t.load_level for t in launched} == {4.0}
+    assert {t.load_level for t in points} == {1.0}
+    # One server log per launch: the points share their launch's server.
+    assert len(list((tmp_path / "studies" / "levels").glob("trial-*.log"))) == 3
+    for p in points:
+        own = next(t for t in launched if t.number == p.server_of)
+        assert p.params == own.params and p.log == own.log
+        # Four streams against one: more requests per second on the same server.
+        assert own.values[0] > 1.5 * p.values[0]
+    prof = Profile.load(tune(dataclasses.replace(cfg, pick=points[0].number)).profile_path)
+    assert prof.workload["concurrency"] == 1
+    assert Profile.load(res.profile_path).workload["concurrency"] in (1, 4)
+
+
+def test_levels_bad_input(fake):
+    with pytest.raises(InputError, match="--levels needs --objective pareto"):
+        tune(dataclasses.replace(fake, levels=(1.0, 2.0)))
+    with pytest.raises(InputError, match="stream counts"):
+        tune(dataclasses.replace(fake, objective="pareto", levels=(1.5, 2.0)))
+    from qtune.search.config import parse_levels
+
+    assert parse_levels("8, 2,4") == (2.0, 4.0, 8.0)
+    for bad in ("2", "2,x", "0,2", "3,3"):
+        with pytest.raises(InputError, match="--levels"):
+            parse_levels(bad)
