@@ -210,8 +210,8 @@ def search(
         "instead of the best; with --study, of a finished study.")] = None,
     levels: Annotated[str | None, typer.Option(
         help="With --objective pareto: loads to measure each launched config at, "
-        "on its one server (req/s, or streams with --concurrency), e.g. 2,4,8; "
-        "each is a point of the front.")] = None,
+        "on its one server, e.g. 2,4,8 (streams, or req/s with --rate; they "
+        "replace the single load); each is a point of the front.")] = None,
     sampler_seed: Annotated[int | None, typer.Option(
         help="Seed of the sampler alone (default: --seed), to vary the search "
         "over the same workload.")] = None,

@@ -61,8 +61,10 @@ def trials_frame(study: optuna.Study) -> Any:
 
 
 def importances(study: optuna.Study) -> dict[str, float]:
+    # --levels points repeat their launch's params at another load: they
+    # would credit the load's effect to the parameters.
     done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
-            and t.params]
+            and t.params and "server_of" not in t.user_attrs]
     if len(done) < 3:
         return {}
     # The baseline trial has no parameters, which would empty the common
@@ -237,8 +239,18 @@ def report(name: str, storage: str | None, *, csv: Path | None = None,
         write_atomic(html_path, render_html(study, url, df, imp))
     ok = df[df["value"].notna() & df["feasible"]]
     best = None
-    if not ok.empty:
+    if len(study.directions) > 1:
+        from qtune.search import _best
+
+        knee = _best(study)  # the point the search writes as the profile
+        best = knee.number if knee is not None else None
+    elif not ok.empty:
         best = int(ok.sort_values("value", ascending=not _maximize(study)).iloc[0]["trial"])
+    # Counts are of launches; --levels points are counted apart.
+    launches = df[df["server_of"].isna()] if "server_of" in df else df
+    counts = launches["status"].value_counts().to_dict()
+    if len(launches) < len(df):
+        counts["level_points"] = len(df) - len(launches)
     return {"study": name, "storage": url, "objective": study.user_attrs.get("objective"),
             "trials": df.to_dict(orient="records"), "best_trial": best,
-            "importances": imp, "counts": df["status"].value_counts().to_dict()}
+            "importances": imp, "counts": counts}

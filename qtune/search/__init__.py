@@ -134,8 +134,12 @@ class TrialRecord:
             log=a.get("log"),
             load_level=a.get("load_level"),
             server_of=a.get("server_of"),
-            started=t.datetime_start.isoformat() if t.datetime_start else None,
-            finished=t.datetime_complete.isoformat() if t.datetime_complete else None,
+            # A --levels point records when it was measured; Optuna's times
+            # for it are when it was added.
+            started=a.get("started") or (t.datetime_start.isoformat()
+                                         if t.datetime_start else None),
+            finished=a.get("finished") or (t.datetime_complete.isoformat()
+                                           if t.datetime_complete else None),
         )
 
 
@@ -250,9 +254,13 @@ def _with_levels(cfg: TuneConfig, direction: str) -> TuneConfig:
         raise InputError(f"--levels {','.join(f'{v:g}' for v in cfg.levels)}: with "
                          "--concurrency the levels are stream counts",
                          hint="use whole numbers, e.g. --levels 2,4,8")
-    top = max(cfg.levels)
-    return dataclasses.replace(cfg, workload=_at_load(wl, int(top) if wl.concurrency
-                                                      is not None else top))
+    levels = tuple(sorted(set(cfg.levels)))
+    if len(levels) < 2 or levels[0] <= 0:
+        raise InputError("--levels: give two or more different positive loads",
+                         hint="e.g. --levels 2,4,8")
+    top = levels[-1]
+    return dataclasses.replace(cfg, levels=levels, workload=_at_load(
+        wl, int(top) if wl.concurrency is not None else top))
 
 
 def _default_study_name(model: ModelInfo, cfg: TuneConfig, host: HostFacts) -> str:
@@ -331,6 +339,8 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         study.tell(t.number, state=TrialState.FAIL)
     study.set_user_attr("objective", cfg.objective)
     study.set_user_attr("workload", cfg.workload.to_dict())
+    study.set_user_attr("levels", list(cfg.levels))
+    study.set_user_attr("exact", cfg.exact)
     study.set_user_attr("model", prep.ctx.model.summary())
     study.set_user_attr("optuna_version", optuna.__version__)
     prep.study_dir.mkdir(parents=True, exist_ok=True)
@@ -582,6 +592,12 @@ def _check_resume(study: optuna.Study, prep: Prepared) -> None:
             f"study {prep.study_name} was run with another workload",
             hint="use a new --study NAME, or the same load flags as before",
         )
+    for key, now in (("levels", list(prep.cfg.levels)), ("exact", prep.cfg.exact)):
+        before = study.user_attrs.get(key)
+        if before is not None and before != now:
+            raise StudyError(
+                f"study {prep.study_name} was run with --{key} {before}, not {now}",
+                hint="use a new --study NAME, or the same flags as before")
     obj = study.user_attrs.get("objective")
     if obj is not None and obj != prep.cfg.objective:
         raise StudyError(
@@ -650,9 +666,9 @@ def _run_trial_inner(
                     on_tick=lambda s: reporter.trial_phase(n, "starting", f"{s:.0f} s"),
                     classify=prep.engine.classify,
                 )
-                m0 = time.monotonic()
                 lower = _lower_levels(prep, spec, n, reporter) if cfg.levels else []
                 reporter.trial_phase(n, "measuring", cfg.workload.mode)
+                m0 = time.monotonic()
                 best = _best(study)
                 summary = _measure(prep, spec, n, reporter, baseline,
                                    best.value if best and prep.direction != "pareto"
@@ -745,8 +761,14 @@ def _lower_levels(prep: Prepared, spec: Any, n: int,
         def progress(text: str, level: float = level) -> None:
             reporter.trial_phase(n, "measuring", f"level {level:g}: {text}")
 
-        out.append((level, measure(spec.base_url, spec.served_model, wl, bcfg,
-                                   progress=progress)))
+        started = dt.datetime.now()
+        summary = measure(spec.base_url, spec.served_model, wl, bcfg, progress=progress)
+        # Kept with the point: its own measuring time and when it ran (the
+        # trial itself is only created once the launch's top level is told).
+        summary["_measured"] = {"started": started.isoformat(),
+                                "finished": dt.datetime.now().isoformat(),
+                                "measure_s": (dt.datetime.now() - started).total_seconds()}
+        out.append((level, summary))
     return out
 
 
@@ -764,14 +786,20 @@ def _add_level_point(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
     for slo in cfg.slo:
         constraints[str(slo)] = slo.violation(metric_value(summary, slo.metric))
     frozen = study.get_trials(deepcopy=False)[trial.number]
+    # "baseline" is copied on purpose: a point of the defaults' server is the
+    # defaults at that load (the improvement at a level compares with it).
     attrs = {k: v for k, v in frozen.user_attrs.items()
              if k in ("launch_params", "argv", "env", "log", "startup_s", "baseline")}
+    measured = summary.pop("_measured", {})
     attrs.update({"status": "ok", "summary": summary, "load_level": level,
-                  "server_of": trial.number})
+                  "server_of": trial.number, **measured})
     study.add_trial(optuna.trial.create_trial(
         values=values, params=frozen.params, distributions=frozen.distributions,
         user_attrs=attrs, constraints=constraints))
-    added = TrialRecord.from_frozen(study.get_trials(deepcopy=False)[-1])
+    # Found by its attributes, not as "the last trial": storage may be shared.
+    added = next(TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)
+                 if t.user_attrs.get("server_of") == trial.number
+                 and t.user_attrs.get("load_level") == level)
     reporter.trial_done(added, _best(study))
 
 
@@ -894,7 +922,10 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
         n = min(clean or list(confirmation),
                 key=lambda k: sign * confirmation[k]["median"])
         best = next(r for r in trials if r.number == int(n))
-    baseline = next((r for r in trials if r.baseline and r.status == "ok"), None)
+    # With --levels, the defaults at the best point's own load.
+    level = best.load_level if best is not None else None
+    baseline = next((r for r in trials if r.baseline and r.status == "ok"
+                     and r.load_level == level), None)
     baseline = baseline or next((r for r in trials if r.baseline), None)
     improvement = None
     if best and baseline and baseline.value and best.value is not None:
@@ -917,7 +948,8 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     accuracy = estimate_accuracy(trials, attrs)
     # Saved time, estimated: the share of each pruned trial's requests never
     # sent, times what a full measurement takes (median over unpruned trials).
-    full = sorted(t.measure_s for t in trials if t.status == "ok" and t.measure_s)
+    full = sorted(t.measure_s for t in trials
+                  if t.status == "ok" and t.measure_s and t.server_of is None)
     typical = full[len(full) // 2] if full else 0.0
     unsent = [a["requests_unsent"] for a in attrs.values() if "requests_unsent" in a]
     pruning = {"pruned": len(unsent),

@@ -210,9 +210,23 @@ def test_levels_share_one_server_per_config(fake, tmp_path):
         assert p.params == own.params and p.log == own.log
         # Four streams against one: more requests per second on the same server.
         assert own.values[0] > 1.5 * p.values[0]
-    prof = Profile.load(tune(dataclasses.replace(cfg, pick=points[0].number)).profile_path)
+    picked = tune(dataclasses.replace(cfg, pick=points[0].number))
+    prof = Profile.load(picked.profile_path)
     assert prof.workload["concurrency"] == 1
+    # The improvement compares with the defaults at the same load.
+    assert picked.baseline.load_level == 1.0 and picked.baseline.baseline
     assert Profile.load(res.profile_path).workload["concurrency"] in (1, 4)
+    from qtune.report import report
+
+    out = report("levels", res.storage)
+    assert out["counts"]["level_points"] == 3 and out["counts"]["ok"] == 3
+    assert out["best_trial"] == res.best.number  # the knee, as the search chose
+    # A study run with levels does not resume without them.
+    from qtune.errors import StudyError
+
+    with pytest.raises(StudyError, match="--levels"):
+        tune(dataclasses.replace(cfg, levels=(), trials=4, workload=dataclasses.replace(
+            cfg.workload, concurrency=4)))
 
 
 def test_levels_bad_input(fake):
