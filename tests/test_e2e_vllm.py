@@ -132,6 +132,31 @@ def test_search_profile_emit_and_resume(tmp_path):
     assert wait_gone(10) == []
 
 
+def test_pareto_levels_share_one_server_per_launch(tmp_path):
+    """--levels: two launches (the defaults and one tuned config), each
+    measured at 1 and 4 streams on its own one server."""
+    load = [a for a in LOAD if a not in ("--concurrency", "4")]
+    r = qtune("search", "--trials", "2", "--study", "lv", "--json",
+              "--objective", "pareto:e2e_p50", "--levels", "1,4", *load, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    launches = [t for t in res["trials"] if t["status"] != "invalid"
+                and t["server_of"] is None]
+    points = [t for t in res["trials"] if t["server_of"] is not None]
+    assert len(launches) == 2 and len(points) == 2
+    assert len(list((tmp_path / "studies" / "lv").glob("trial-*.log"))) == 2
+    for p in points:
+        own = next(t for t in launches if t["number"] == p["server_of"])
+        assert (p["load_level"], own["load_level"]) == (1.0, 4.0)
+        assert p["log"] == own["log"] and p["params"] == own["params"]
+        assert p["summary"]["completed"] == 24 and p["summary"]["failed"] == 0
+        if own["status"] == "ok":
+            # One stream against four on the same server: less throughput.
+            assert p["values"][0] < own["values"][0]
+    assert res["pareto_front"] and Path(res["profile"]).is_file()
+    assert wait_gone(10) == []
+
+
 def test_startup_failure_is_recorded_and_the_study_goes_on(tmp_path):
     # A KV cache far larger than the host.  First with the memory check: the
     # config is predicted not to fit and never launched; only the baseline

@@ -148,6 +148,11 @@ class Engine(Protocol):
     def classify(self, log_text: str) -> Failure:
         ...
 
+    # Optional: ``memory_asks(failure_detail) -> tuple[str, ...]``, the params
+    # by which a config asks for memory at start, when a start failed because
+    # it asked for more than was free (any larger ask fails too).  The search
+    # then refuses, without a launch, configs that ask at least as much.
+
 
 def classify_by_patterns(
     log_text: str, patterns: list[tuple[str, str]], default: str = "crash"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,6 +55,15 @@ _FAILURES: list[tuple[str, str]] = [
     (r"ValueError: .*", "invalid_config"),
     (r"Engine core initialization failed", "crash"),
 ]
+
+# Out of memory because the config *asked* for more than the host has free:
+# the same ask, or a larger one, fails the same way whatever the other flags.
+_OVER_REQUEST = (
+    r"less than desired (?:GPU|CPU) memory utilization",
+    r"Available memory on node .* less than requested memory",
+)
+# The flags by which a config asks for memory at start (larger asks more).
+_MEMORY_ASKS = ("VLLM_CPU_KVCACHE_SPACE", "gpu_memory_utilization")
 
 # vLLM's API server may stay alive after its engine core died at start.
 _FATAL = (
@@ -327,6 +337,13 @@ class VLLM:
 
     def classify(self, log_text: str) -> Failure:
         return classify_by_patterns(log_text, _FAILURES)
+
+    def memory_asks(self, failure_detail: str) -> tuple[str, ...]:
+        """The params whose value, or any larger one, will fail again as this
+        failure did: () unless it is an over-request (see ``_OVER_REQUEST``)."""
+        if any(re.search(p, failure_detail) for p in _OVER_REQUEST):
+            return _MEMORY_ASKS
+        return ()
 
     def estimate(self, params: Mapping[str, Any], ctx: SpaceContext) -> Estimate:
         """Will this config fit in memory?  See ``qtune.estimate``."""

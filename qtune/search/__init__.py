@@ -417,6 +417,9 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         params = {**_tidy(trial.params, prep.params), **prep.fixed}
         violations = prep.engine.check(params, prep.ctx)
         reason = "invalid_config"
+        learned = _learned_refusal(study, params)
+        if learned and not violations:
+            violations, reason = [learned], "learned_oom"
         est = _estimate(prep, params)
         if est is not None:
             trial.set_user_attr("memory_estimate", est.as_dict())
@@ -449,6 +452,20 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     res = _finish(prep, study)
     res.stop_reason = stop_reason
     return res
+
+
+def _learned_refusal(study: optuna.Study, params: dict[str, Any]) -> str | None:
+    """A config that asks for at least the memory a failed start asked for
+    (the engine said it asked for more than was free) fails the same way:
+    refuse it without a launch.  Learned from launches, so it also covers
+    what the memory estimate got wrong or was turned off for."""
+    for t in study.get_trials(deepcopy=False):
+        asked = t.user_attrs.get("over_request")
+        if asked and all(k in params and params[k] >= v for k, v in asked.items()):
+            what = ", ".join(f"{k}={v}" for k, v in asked.items())
+            return (f"asks at least the memory of trial {t.number} ({what}), "
+                    "which failed to start asking for more than was free")
+    return None
 
 
 def _shape(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Prepared:
@@ -686,6 +703,11 @@ def _run_trial_inner(
                 continue
             rec.status = "startup_failed" if rec.measure_s is None else "load_failed"
             rec.reason, rec.detail = exc.reason, exc.detail or exc.message
+            asks = getattr(prep.engine, "memory_asks", None)
+            knobs = asks(rec.detail or "") if asks and rec.measure_s is None else ()
+            asked = {k: params[k] for k in knobs if k in params}
+            if asked:  # what this start asked for: learned, see _learned_refusal
+                trial.set_user_attr("over_request", asked)
             rec.total_s = time.monotonic() - t0
             _set_attrs(trial, rec)
             study.tell(trial, state=TrialState.PRUNED)

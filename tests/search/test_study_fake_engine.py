@@ -240,3 +240,42 @@ def test_levels_bad_input(fake):
     for bad in ("2", "2,x", "0,2", "3,3"):
         with pytest.raises(InputError, match="--levels"):
             parse_levels(bad)
+
+
+class MemoryAskingEngine(FakeEngine):
+    """``slots`` asks for memory: 5 or more is more than the host has free."""
+
+    def check(self, params: Mapping[str, Any], ctx: SpaceContext) -> list[str]:
+        return []
+
+    def launch_spec(self, params: Mapping[str, Any], ctx: SpaceContext, *, host: str,
+                    port: int) -> LaunchSpec:
+        return super().launch_spec({**params, "crash": params.get("slots", 0) >= 5},
+                                   ctx, host=host, port=port)
+
+    def memory_asks(self, detail: str) -> tuple[str, ...]:
+        return ("slots",) if "No available memory" in detail else ()
+
+
+def test_a_failed_memory_ask_refuses_larger_asks(fake, monkeypatch, tmp_path):
+    """After a start fails asking for too much memory, no config asking at
+    least as much is launched again: it is refused, and says which trial
+    taught that."""
+    monkeypatch.setitem(ENGINES, "fake", MemoryAskingEngine())
+    space = tmp_path / "space.yaml"
+    space.write_text("crash: false\ndelay_ms: 1\n")
+    cfg = dataclasses.replace(fake, space_file=space, trials=7,
+                              study="mem", confirm_top=0, sampler="random", seed=3)
+    res = tune(cfg)
+    failed = [t for t in res.trials if t.status == "startup_failed"]
+    learned = [t for t in res.trials if t.reason == "learned_oom"]
+    assert failed and learned  # the seed makes both happen
+    for t in res.trials:
+        if t.status in ("ok", "startup_failed") and not t.baseline:
+            # Launched: it asked less than every earlier failed start.
+            assert all(t.params["slots"] < f.params["slots"]
+                       for f in failed if f.number < t.number)
+    for t in learned:
+        assert t.status == "invalid" and "trial" in t.detail
+        assert any(t.params["slots"] >= f.params["slots"] for f in failed
+                   if f.number < t.number)
