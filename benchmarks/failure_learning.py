@@ -20,8 +20,11 @@ Everything else is fixed.  Each method runs ``--trials`` launches per seed
 every run's launch sequence (``L`` started, ``F`` failed at start), and per
 method the failed share of launches in the start-up design (the first
 ``startup`` tuned launches: Latin hypercube for TPE, random for random) and
-after it.  TPE learning shows as a lower failed share after the start-up
-design than random's, whose share stays at the failing fraction of the range.
+after it, and how many proposals qtune refused without a launch because an
+earlier start had failed asking for less (``learned_oom``).  A sampler that
+learns shows a lower failed share after the start-up design than random's,
+whose share stays at the failing fraction of the range unless qtune's
+learned refusal stops it.
 
     python benchmarks/failure_learning.py              # ~30 min on 2 idle cores
     python benchmarks/failure_learning.py --seeds 1 --trials 6   # smoke run
@@ -71,13 +74,15 @@ def run(method: str, seed: int, args: argparse.Namespace, work: Path) -> dict:
         return {"method": method, "seed": seed, "error": proc.stderr.strip()[-300:],
                 "wall_s": wall}
     seq = []
+    learned = sum(t["reason"] == "learned_oom" for t in data["trials"])
     for t in data["trials"]:
         if t["baseline"] or t["status"] == "invalid":  # refused, never launched
             continue
         failed = t["status"] == "startup_failed"
         seq.append({"kv": t["params"].get("VLLM_CPU_KVCACHE_SPACE"),
                     "failed": failed, "reason": t["reason"] if failed else None})
-    return {"method": method, "seed": seed, "launches": seq, "wall_s": wall}
+    return {"method": method, "seed": seed, "launches": seq, "wall_s": wall,
+            "learned_refusals": learned}
 
 
 def main() -> None:
@@ -103,7 +108,8 @@ def main() -> None:
                 s = "".join("F" if x["failed"] else "L" for x in r["launches"])
                 kv = " ".join(str(x["kv"]) for x in r["launches"])
                 print(f"{method:6s} seed {seed}: {s:12s} KV GiB: {kv}  "
-                      f"({r['wall_s'] / 60:.1f} min)", flush=True)
+                      f"({r['wall_s'] / 60:.1f} min; {r['learned_refusals']} refused "
+                      "as learned_oom)", flush=True)
     print(f"\nfailed at start, share of tuned launches (start-up design = first "
           f"{startup} tuned launches; {args.seeds} seeds):")
     for method in ("tpe", "random"):
