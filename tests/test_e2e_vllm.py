@@ -135,7 +135,8 @@ def test_search_profile_emit_and_resume(tmp_path):
 def test_pareto_levels_share_one_server_per_launch(tmp_path):
     """--levels: two launches (the defaults and one tuned config), each
     measured at 1 and 4 streams on its own one server."""
-    load = [a for a in LOAD if a not in ("--concurrency", "4")]
+    assert LOAD[:2] == ["--concurrency", "4"]
+    load = LOAD[2:]  # the levels replace the concurrency
     r = qtune("search", "--trials", "2", "--study", "lv", "--json",
               "--objective", "pareto:e2e_p50", "--levels", "1,4", *load, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
