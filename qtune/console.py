@@ -243,12 +243,16 @@ def render_search_result(res: Any) -> None:
         lat = next(k for k in res.pareto_front[0] if k not in ("trial", "throughput",
                                                                 "params"))
         f = Table(title=f"Pareto front: throughput against {lat} (--pick N writes trial N)")
-        for col in ("trial", "req/s", f"{lat} ms", "params"):
+        levels = any("load" in p for p in res.pareto_front)  # --levels
+        for col in ("trial", *(["load"] if levels else []), "req/s", f"{lat} ms", "params"):
             f.add_column(col)
         for p in res.pareto_front:
             mark = " (profile)" if p["trial"] == res.best.number else ""
-            f.add_row(f"{p['trial']}{mark}", _fmt(p["throughput"]), _fmt(p[lat]),
-                      " ".join(f"{k}={v}" for k, v in p["params"].items()) or "defaults")
+            params = (" ".join(f"{k}={v}" for k, v in p["params"].items())
+                      or "defaults")
+            load = [_fmt(p["load"])] if levels else []
+            f.add_row(f"{p['trial']}{mark}", *load, _fmt(p["throughput"]), _fmt(p[lat]),
+                      params)
         out.print(f)
     if res.improvement:
         out.print(f"improvement over the engine defaults: {res.improvement:.2f}x")

@@ -982,7 +982,9 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
 
 def _front_view(front: list[TrialRecord], latency: str) -> list[dict[str, Any]]:
     return [{"trial": r.number, "throughput": r.values[0],  # type: ignore[index]
-             latency: r.values[1], "params": r.params} for r in front]  # type: ignore[index]
+             latency: r.values[1], "params": r.params,  # type: ignore[index]
+             **({"load": r.load_level} if r.load_level is not None else {})}
+            for r in front]
 
 
 def _export_trials(study: optuna.Study, path: Path) -> None:
