@@ -169,16 +169,16 @@ class SearchReporter:
                 style="dim"))
 
     def trial_done(self, rec: Any, best: Any) -> None:
-        if rec.status != "invalid" and getattr(rec, "server_of", None) is None:
+        if rec.status != "invalid" and rec.server_of is None:
             self.done_launched += 1
             if rec.total_s:
                 self.trial_times.append(rec.total_s)
         if self.quiet:
             return
         tag = "baseline " if rec.baseline else ""
-        if getattr(rec, "server_of", None) is not None:
+        if rec.server_of is not None:
             tag += f"(server of trial {rec.server_of}, load {rec.load_level:g}) "
-        elif getattr(rec, "load_level", None) is not None:
+        elif rec.load_level is not None:
             tag += f"(load {rec.load_level:g}) "
         params = " ".join(f"{k}={v}" for k, v in rec.params.items()) or "engine defaults"
         if rec.status == "ok":

@@ -40,6 +40,7 @@ from qtune.profile import EngineInfo, Profile, StudyRef
 from qtune.search.config import (
     TuneConfig,
     apply_overrides,
+    check_levels,
     check_objective,
     load_space_file,
     pareto_latency,
@@ -254,10 +255,7 @@ def _with_levels(cfg: TuneConfig, direction: str) -> TuneConfig:
         raise InputError(f"--levels {','.join(f'{v:g}' for v in cfg.levels)}: with "
                          "--concurrency the levels are stream counts",
                          hint="use whole numbers, e.g. --levels 2,4,8")
-    levels = tuple(sorted(set(cfg.levels)))
-    if len(levels) < 2 or levels[0] <= 0:
-        raise InputError("--levels: give two or more different positive loads",
-                         hint="e.g. --levels 2,4,8")
+    levels = check_levels(cfg.levels)
     top = levels[-1]
     return dataclasses.replace(cfg, levels=levels, workload=_at_load(
         wl, int(top) if wl.concurrency is not None else top))
@@ -529,7 +527,7 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
     """Re-measure the top K feasible configs with fresh starts, interleaved
     (ABC, BCA, CAB, ...), and keep the medians and bootstrap intervals in the
     study: one lucky measurement must not pick the winner."""
-    from qtune.bench import BenchConfig, _bootstrap_median, measure
+    from qtune.bench import _bootstrap_median, measure
 
     cfg = prep.cfg
     recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
@@ -553,10 +551,8 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
                 with Server(spec, log) as server:
                     server.wait_ready(cfg.startup_timeout, classify=prep.engine.classify)
                     wl = dataclasses.replace(cfg.workload, seed=cfg.workload.seed + 1 + rep)
-                    bcfg = BenchConfig(urls=[spec.base_url], workload=wl,
-                                       model=spec.served_model,
-                                       tokenizer=prep.ctx.model.tokenizer_dir, slo=cfg.slo)
-                    summary = measure(spec.base_url, spec.served_model, wl, bcfg)
+                    summary = measure(spec.base_url, spec.served_model, wl,
+                                      _bench_config(prep, spec, wl))
             except ServerError:
                 failures[r.number] += 1  # does not restart reliably
                 continue
@@ -737,25 +733,49 @@ def _run_trial_inner(
         study.tell(trial, state=TrialState.PRUNED)
         reporter.trial_done(rec, _best(study))
         return lower
-    value = objective_value(summary, cfg.objective)
-    failed = summary["failed"]
-    trial.set_constraint("failed_requests", float(failed))
-    for slo in cfg.slo:
-        trial.set_constraint(str(slo), slo.violation(metric_value(summary, slo.metric)))
+    for name, violation in _constraints(cfg, summary).items():
+        trial.set_constraint(name, violation)
     _set_attrs(trial, rec)
+    values = _values(prep, summary)
+    rec.value = values[-1]  # pareto: the latency
+    if prep.direction == "pareto":
+        rec.values = values
+        study.tell(trial, values)
+    else:
+        study.tell(trial, values[0])
+    rec.feasible = _feasible(study.get_trials(deepcopy=False)[n])
+    reporter.trial_done(rec, _best(study))
+    return lower
+
+
+def _constraints(cfg: TuneConfig, summary: dict[str, Any]) -> dict[str, float]:
+    """A measured trial's constraints (feasible when all are <= 0): failed
+    requests, and each SLO's violation."""
+    out = {"failed_requests": float(summary["failed"])}
+    for slo in cfg.slo:
+        out[str(slo)] = slo.violation(metric_value(summary, slo.metric))
+    return out
+
+
+def _values(prep: Prepared, summary: dict[str, Any]) -> list[float]:
+    """What the study is told: [objective], or [throughput, latency] for
+    pareto."""
+    value = objective_value(summary, prep.cfg.objective)
     if value is None or math.isnan(value):
         # Nothing succeeded: no latency to rank.  Worst possible value keeps
         # the trial informative without a NaN (which Optuna marks FAIL).
         value = 0.0 if prep.direction == "maximize" else 1e12
-    rec.value = value
     if prep.direction == "pareto":
-        rec.values = [metric_value(summary, "throughput") or 0.0, value]
-        study.tell(trial, rec.values)
-    else:
-        study.tell(trial, value)
-    rec.feasible = _feasible(study.get_trials(deepcopy=False)[n])
-    reporter.trial_done(rec, _best(study))
-    return lower
+        return [metric_value(summary, "throughput") or 0.0, value]
+    return [value]
+
+
+def _bench_config(prep: Prepared, spec: Any, wl: Any) -> Any:
+    """How a trial measures ``wl`` on the server of ``spec``."""
+    from qtune.bench import BenchConfig
+
+    return BenchConfig(urls=[spec.base_url], workload=wl, model=spec.served_model,
+                       tokenizer=prep.ctx.model.tokenizer_dir, slo=prep.cfg.slo)
 
 
 def _level_of(wl: Any) -> float:
@@ -770,26 +790,26 @@ def _lower_levels(prep: Prepared, spec: Any, n: int,
     level has its own warm-up and its own prompts (another seed, so prefix
     caching cannot reuse the previous level's), and every request of a level
     has finished before the next starts."""
-    from qtune.bench import BenchConfig, measure
+    from qtune.bench import measure
 
     cfg = prep.cfg
     out = []
     for i, level in enumerate(sorted(cfg.levels)[:-1]):
         wl = dataclasses.replace(_at_load(cfg.workload, level),
                                  seed=cfg.workload.seed + 7919 * (i + 1))
-        bcfg = BenchConfig(urls=[spec.base_url], workload=wl, model=spec.served_model,
-                           tokenizer=prep.ctx.model.tokenizer_dir, slo=cfg.slo)
 
         def progress(text: str, level: float = level) -> None:
             reporter.trial_phase(n, "measuring", f"level {level:g}: {text}")
 
         started = dt.datetime.now()
-        summary = measure(spec.base_url, spec.served_model, wl, bcfg, progress=progress)
+        summary = measure(spec.base_url, spec.served_model, wl,
+                          _bench_config(prep, spec, wl), progress=progress)
+        finished = dt.datetime.now()
         # Kept with the point: its own measuring time and when it ran (the
         # trial itself is only created once the launch's top level is told).
         summary["_measured"] = {"started": started.isoformat(),
-                                "finished": dt.datetime.now().isoformat(),
-                                "measure_s": (dt.datetime.now() - started).total_seconds()}
+                                "finished": finished.isoformat(),
+                                "measure_s": (finished - started).total_seconds()}
         out.append((level, summary))
     return out
 
@@ -799,14 +819,6 @@ def _add_level_point(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
                      reporter: Reporter) -> None:
     """One --levels point as a trial of its own: the same engine config (and
     sampled params) as ``trial``, whose server it shared."""
-    cfg = prep.cfg
-    value = objective_value(summary, cfg.objective)
-    if value is None or math.isnan(value):
-        value = 1e12
-    values = [metric_value(summary, "throughput") or 0.0, value]
-    constraints = {"failed_requests": float(summary["failed"])}
-    for slo in cfg.slo:
-        constraints[str(slo)] = slo.violation(metric_value(summary, slo.metric))
     frozen = study.get_trials(deepcopy=False)[trial.number]
     # "baseline" is copied on purpose: a point of the defaults' server is the
     # defaults at that load (the improvement at a level compares with it).
@@ -816,8 +828,9 @@ def _add_level_point(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
     attrs.update({"status": "ok", "summary": summary, "load_level": level,
                   "server_of": trial.number, **measured})
     study.add_trial(optuna.trial.create_trial(
-        values=values, params=frozen.params, distributions=frozen.distributions,
-        user_attrs=attrs, constraints=constraints))
+        values=_values(prep, summary), params=frozen.params,
+        distributions=frozen.distributions, user_attrs=attrs,
+        constraints=_constraints(prep.cfg, summary)))
     # Found by its attributes, not as "the last trial": storage may be shared.
     added = next(TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)
                  if t.user_attrs.get("server_of") == trial.number
@@ -841,12 +854,10 @@ def _measure(prep: Prepared, spec: Any, n: int, reporter: Reporter, baseline: bo
              best_value: float | None) -> dict[str, Any]:
     """One trial's measurement on a ready server: the workload once, or a
     capacity search on this one server for ``--objective capacity``."""
-    from qtune.bench import BenchConfig, find_capacity, measure
+    from qtune.bench import find_capacity, measure
 
     cfg = prep.cfg
-    bcfg = BenchConfig(urls=[spec.base_url], workload=cfg.workload,
-                       model=spec.served_model, tokenizer=prep.ctx.model.tokenizer_dir,
-                       slo=cfg.slo)
+    bcfg = _bench_config(prep, spec, cfg.workload)
 
     def progress(text: str) -> None:
         reporter.trial_phase(n, "measuring", text)

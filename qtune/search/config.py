@@ -252,8 +252,15 @@ def parse_levels(text: str | None) -> tuple[float, ...]:
     except ValueError:
         raise InputError(f"--levels: cannot read {text!r}",
                          hint="comma-separated loads, e.g. --levels 2,4,8") from None
-    if len(set(vals)) < 2 or min(vals) <= 0:
-        raise InputError(f"--levels {text}: give two or more different positive loads",
+    return check_levels(vals)
+
+
+def check_levels(levels: tuple[float, ...]) -> tuple[float, ...]:
+    """Two or more different positive loads, sorted and without repeats."""
+    out = tuple(sorted(set(levels)))
+    if len(out) < 2 or out[0] <= 0:
+        raise InputError("--levels " + ",".join(f"{v:g}" for v in levels) + ": give "
+                         "two or more different positive loads",
                          hint="e.g. --levels 2,4,8 (req/s, or streams with --concurrency)")
-    return tuple(sorted(set(vals)))
+    return out
 
