@@ -252,13 +252,21 @@ def find_capacity(
             lo = mid
         else:
             hi = mid
-    # Re-measure the answer: a rate that only passed once by luck is no
-    # capacity.  Step down 5% (or one stream) until it holds, three times at most.
-    for _ in range(3):
+    # Re-measure the answer: a load that only passed once by luck is no
+    # capacity.  When it fails, fall back to the next lower load that passed
+    # earlier (a 5% step is smaller than a short run's noise near the knee, so
+    # it can fail three times in a row), else a fifth lower (or one stream).
+    last: dict[str, Any] = {}
+    for _ in range(4):
         if probe_at(lo):
+            last = steps[-1]
             break
         hi = lo
-        lo = lo * 0.95 if by_rate else max(1.0, lo - 1)
-    last = steps[-1]
-    return {"found": bool(last["ok"]), "unit": "req/s" if by_rate else "concurrency",
-            "value": lo, "bracket": [lo, hi], "at_value": last, "steps": steps}
+        passed = [st["load"] for st in steps if st["ok"] and st["load"] < lo]
+        lo = max(passed) if passed else (lo * 0.8 if by_rate else max(1.0, lo - 1))
+    unit = "req/s" if by_rate else "concurrency"
+    if not last:
+        return {"found": False, "unit": unit, "bracket": [None, hi], "steps": steps,
+                "reason": f"no load held the SLO when re-measured (last tried {hi:g})"}
+    return {"found": True, "unit": unit, "value": lo, "bracket": [lo, hi],
+            "at_value": last, "steps": steps}
