@@ -44,7 +44,7 @@ def _with_port(argv: list[str], port: int) -> list[str]:
     return out
 
 
-def _context(profile: Profile) -> SpaceContext:
+def profile_context(profile: Profile) -> SpaceContext:
     host = probe(engine_python=profile.argv[0])
     install = host.engines.get(profile.engine.name)
     if install is None:
@@ -64,40 +64,30 @@ def _context(profile: Profile) -> SpaceContext:
     return SpaceContext(host, model, install, mml)
 
 
-def verify(
-    profile: Profile,
-    against: Profile | None,
+def measure_sides(
+    sides: list[Side],
+    engine_name: str,
+    ctx: SpaceContext,
+    workload: Workload,
     repeat: int,
     progress: Callable[[str], None] | None = None,
     startup_timeout: float = 600.0,
     log_dir: Path = Path("studies/verify"),
-) -> dict[str, Any]:
-    engine = get_engine(profile.engine.name)
-    if against is None and not profile.params:
-        raise ProfileError(
-            f"profile {profile.name} is the engine defaults (no tuned parameters): "
-            "there is nothing to compare",
-            hint="verify a profile whose search found a better config, or use "
-            "--against OTHER_PROFILE")
-    ctx = _context(profile)
-    a = Side("profile", profile.argv, dict(profile.env))
-    if against is None:
-        params, note = engine.baseline(ctx)
-        spec = engine.launch_spec(params, ctx, host="127.0.0.1", port=8000)
-        b = Side("defaults", list(spec.argv), dict(spec.env))
-    else:
-        note = None
-        b = Side("other", against.argv, dict(against.env))
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[float]]]:
+    """Start each side anew per repeat and run the workload on it.
+
+    The order rotates by one side per repeat (ABBA for two), so a drift of the
+    machine over the session does not favour a side; repeat r uses the
+    workload's seed + r on every side, so the sides see the same prompts."""
+    engine = get_engine(engine_name)
     fatal = engine.launch_spec({}, ctx, host="127.0.0.1", port=8000).fatal_patterns
-    wl = Workload(**profile.workload)
-    served = str(profile.model.get("served_name"))
-    runs: dict[str, list[dict[str, Any]]] = {a.label: [], b.label: []}
-    starts: dict[str, list[float]] = {a.label: [], b.label: []}
-    order_pairs = [(a, b) if r % 2 == 0 else (b, a) for r in range(repeat)]
+    wl, served = workload, ctx.model.served_name
+    runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in sides}
+    starts: dict[str, list[float]] = {s.label: [] for s in sides}
     log_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    for r, pair in enumerate(order_pairs):
-        for side in pair:
+    n = len(sides)
+    for r in range(repeat):
+        for side in sides[r % n:] + sides[:r % n]:
             if progress:
                 progress(f"repeat {r + 1}/{repeat}: {side.label}: starting")
             port = free_port()
@@ -116,6 +106,37 @@ def verify(
 
                 runs[side.label].append(measure(spec.base_url, served, w, cfg,
                                                 progress=tick))
+    return runs, starts
+
+
+def verify(
+    profile: Profile,
+    against: Profile | None,
+    repeat: int,
+    progress: Callable[[str], None] | None = None,
+    startup_timeout: float = 600.0,
+    log_dir: Path = Path("studies/verify"),
+) -> dict[str, Any]:
+    engine = get_engine(profile.engine.name)
+    if against is None and not profile.params:
+        raise ProfileError(
+            f"profile {profile.name} is the engine defaults (no tuned parameters): "
+            "there is nothing to compare",
+            hint="verify a profile whose search found a better config, or use "
+            "--against OTHER_PROFILE")
+    ctx = profile_context(profile)
+    a = Side("profile", profile.argv, dict(profile.env))
+    if against is None:
+        params, note = engine.baseline(ctx)
+        spec = engine.launch_spec(params, ctx, host="127.0.0.1", port=8000)
+        b = Side("defaults", list(spec.argv), dict(spec.env))
+    else:
+        note = None
+        b = Side("other", against.argv, dict(against.env))
+    t0 = time.monotonic()
+    runs, starts = measure_sides([a, b], profile.engine.name, ctx,
+                                 Workload(**profile.workload), repeat, progress=progress,
+                                 startup_timeout=startup_timeout, log_dir=log_dir)
     objective = profile.metrics.get("objective", {}).get("name", "e2e_p99")
     metrics = [objective] + [m for m in KEY_METRICS if m != objective]
     table: dict[str, Any] = {}

@@ -1,5 +1,5 @@
 """A stand-in OpenAI streaming server for orchestration tests (not vLLM):
-python -m tests.fake_llm_server PORT NAME [--delay-ms N] [--crash]
+python -m tests.fake_llm_server PORT NAME [--delay-ms N] [--crash] [--port N]
 
 Each request streams ``max_tokens`` tokens, one per ``delay-ms``.  With
 --crash it prints a root cause and exits at start, like a config vLLM
@@ -18,6 +18,8 @@ from aiohttp import web
 def main() -> None:
     port, name, *opts = sys.argv[1:]
     delay = float(opts[opts.index("--delay-ms") + 1]) / 1000 if "--delay-ms" in opts else 0.001
+    if "--port" in opts:  # verify rewrites the --port flag, not the first argument
+        port = opts[opts.index("--port") + 1]
     if "--crash" in opts:
         print("ValueError: fake engine refuses --crash (No available memory for the "
               "cache blocks)", flush=True)

@@ -164,6 +164,15 @@ class VLLM:
                     # bytes and 2x the GEMM peak.  "none" is the model's dtype.
                     params.append(Param("quantization", "choice", choices=("none", "fp8"),
                                         help="weights quantized to fp8 at load"))
+            # One SSE chunk per token per request costs the single API-server
+            # process ~10k events/s at the H200 reference load, where fp8
+            # halved the GPU's bytes and moved throughput 4%: the host side
+            # is the suspect.  Larger intervals cut that work; the first token
+            # is still sent at once, later ones arrive in bursts (ITL).  On
+            # the 2-core CPU target it changed nothing measurable
+            # (benchmarks/README.md), so it is a GPU-only dimension.
+            params.append(Param("stream_interval", "choice", choices=(1, 4, 16),
+                                help="tokens per streamed chunk (1: every token)"))
             params.append(
                 Param(
                     "max_cudagraph_capture_size",

@@ -21,6 +21,7 @@ def test_cpu_space_has_kv_space_within_memory(cpu_ctx):
                                                                  max_model_len=4096))}
     assert {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
             "enable_prefix_caching", "VLLM_CPU_KVCACHE_SPACE"} <= set(space)
+    assert "stream_interval" not in space  # measured: no effect on this target
     kv = space["VLLM_CPU_KVCACHE_SPACE"]
     assert kv.target == "env"
     assert kv.high * 2**30 <= cpu_ctx.host.memory.available
@@ -41,6 +42,7 @@ def test_gpu_space_tp_divides_heads(cpu_ctx):
     assert space["tensor_parallel_size"].choices == (1, 2)
     assert space["kv_cache_dtype"].choices == ("auto", "fp8")
     assert space["quantization"].choices == ("none", "fp8")
+    assert space["stream_interval"].choices[0] == 1  # the engine default first
     assert "VLLM_CPU_KVCACHE_SPACE" not in space
     assert VLLM().check({"tensor_parallel_size": 3}, ctx)
 

@@ -1,0 +1,35 @@
+"""verify's measuring loop with the stand-in engine: every side is started
+afresh per repeat, in an order that rotates, on the same prompts."""
+
+from __future__ import annotations
+
+from qtune.engines import ENGINES
+from qtune.load.workload import Workload
+from qtune.verify import Side, measure_sides
+from tests.search.test_study_fake_engine import FakeEngine
+
+
+def test_sides_rotate_and_each_repeat_starts_anew(monkeypatch, cpu_ctx, tmp_path):
+    monkeypatch.setitem(ENGINES, "fake", FakeEngine())
+    eng = FakeEngine()
+    sides = []
+    for label, delay in (("a", 1), ("b", 5), ("c", 20)):
+        spec = eng.launch_spec({"delay_ms": delay}, cpu_ctx, host="127.0.0.1", port=1)
+        sides.append(Side(label, list(spec.argv), dict(spec.env)))
+    order: list[str] = []
+
+    def progress(text: str) -> None:
+        if text.endswith("starting"):
+            order.append(text.split(": ")[1])
+
+    wl = Workload(input_len=8, output_len=6, concurrency=2, requests=6, warmup_requests=0)
+    runs, starts = measure_sides(sides, "fake", cpu_ctx, wl, 3, progress=progress,
+                                 startup_timeout=60, log_dir=tmp_path)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert {k: len(v) for k, v in runs.items()} == {"a": 3, "b": 3, "c": 3}
+    assert all(len(v) == 3 for v in starts.values())
+    assert len(list(tmp_path.glob("*.log"))) == 9  # one fresh server per run
+    # The sides differ only in token delay: the measurement sees it.
+    med = {k: sorted(r["tpot_ms"]["p50"] for r in v)[1] for k, v in runs.items()}
+    assert med["a"] < med["b"] < med["c"]
+    assert all(r["completed"] == 6 and r["failed"] == 0 for v in runs.values() for r in v)
