@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -84,7 +85,7 @@ def render_probe(d: dict[str, Any]) -> None:
 
 
 def _fmt(v: float | None, unit: str = "") -> str:
-    if v is None:
+    if v is None or v != v:  # None, or NaN from a pandas table
         return "-"
     return f"{v:,.1f}{unit}" if abs(v) < 1e5 else f"{v:,.0f}{unit}"
 
@@ -235,7 +236,9 @@ def render_search_result(res: Any) -> None:
     conf = (res.profile.metrics.get("confirmation") if res.profile else None) or {}
     for n, c in sorted(conf.items(), key=lambda kv: int(kv[0])):
         ci = c["ci95"]
-        out.print(f"confirmed trial {n}: median {_fmt(c['median'])} over "
+        base = res.baseline is not None and str(res.baseline.number) == n
+        out.print(f"confirmed trial {n}{' (engine defaults)' if base else ''}: "
+                  f"median {_fmt(c['median'])} over "
                   f"{len(c['values'])} runs"
                   + (f" [95% CI {_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
                   + f" ({', '.join(_fmt(v) for v in c['values'])})")
@@ -396,22 +399,39 @@ def render_verify(res: dict[str, Any]) -> None:
 
 
 def render_report(res: dict[str, Any]) -> None:
-    t = Table(title=f"study {res['study']} ({res['objective']})")
-    for col in ("trial", "status", "value", "ttft p99", "tpot p99", "e2e p99", "req/s",
-                "params / reason"):
-        t.add_column(col)
+    # On a narrow terminal (or an 80-column pipe) a params column would wrap
+    # one word per line: the params and reasons go below the table instead.
+    wide = out.width >= 140
+    t = Table(title=f"study {res['study']} ({res['objective']})", box=box.SIMPLE_HEAD,
+              pad_edge=False)
+    for col in ("trial", "status", "value", "ttft p99", "tpot p99", "e2e p99", "req/s"):
+        t.add_column(col, no_wrap=True)
+    if wide:
+        t.add_column("params / reason")
+    below = []
     for r in res["trials"]:
-        params = ", ".join(f"{k[6:]}={v}" for k, v in r.items()
-                           if k.startswith("param.") and v == v and v is not None)
-        what = params or ("engine defaults" if r["baseline"] else "")
+        # pandas turns an int column with gaps into floats: 11.0 -> 11.
+        params = ", ".join(
+            f"{k[6:]}={int(v) if isinstance(v, float) and v.is_integer() else v}"
+            for k, v in r.items() if k.startswith("param.") and v == v and v is not None)
+        what = params
+        if r["baseline"]:
+            what = f"engine defaults ({params})" if params else "engine defaults"
         if r["status"] not in ("ok",):
-            what = f"{r['reason']}: {str(r['detail'])[:60]}" if r["detail"] else what
+            why = "" if r["reason"] == r["status"] else f"{r['reason']}: "
+            what = f"{why}{str(r['detail'])[:200]}" if r["detail"] else what
         style = "green" if r["trial"] == res["best_trial"] else (
             "" if r["status"] == "ok" else "dim")
         t.add_row(str(r["trial"]) + (" (base)" if r["baseline"] else ""), r["status"],
                   _fmt(r["value"]), _fmt(r["ttft_p99_ms"]), _fmt(r["tpot_p99_ms"]),
-                  _fmt(r["e2e_p99_ms"]), _fmt(r["req_per_s"]), what, style=style)
+                  _fmt(r["e2e_p99_ms"]), _fmt(r["req_per_s"]), *([what] if wide else []),
+                  style=style)
+        below.append(Text(f"{r['trial']:>4}  {what}", style=style))
     out.print(t)
+    if not wide:
+        out.print(Text("trial  params / reason", style="bold"))
+        for line in below:
+            out.print(line)
     if res["importances"]:
         out.print("importance: " + ", ".join(
             f"{k} {v:.2f}" for k, v in sorted(res["importances"].items(),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up, probe this host, tune the embedded tiny model on the installed vLLM
 # (3 trials: the engine defaults first, then 2 of Optuna's picks; the two best
-# re-measured with a fresh start), and turn the winning profile into a systemd
+# and the defaults re-measured with a fresh start), and turn the winning profile into a systemd
 # unit.  About 4 minutes after the install.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -88,14 +88,17 @@ def test_search_profile_emit_and_resume(tmp_path):
     assert profile.metrics["baseline"]["trial"] == 0
     assert profile.metrics["objective"]["best"] <= profile.metrics["objective"]["baseline"]
     assert "--port" in profile.argv and profile.model["load_format"] == "dummy"
-    # The two best configs were re-measured with a fresh start each; the
-    # winner is the best median, with every value kept.
+    # The two best configs and the engine defaults were re-measured with a
+    # fresh start each; the winner is the best median, with every value kept.
     # (Pruned trials are no candidates: with fewer than two fully measured
     # feasible trials there is nothing to confirm.)
     full = [t for t in ok if t["feasible"]]
     conf = profile.metrics["confirmation"]
     if len(full) >= 2:
-        assert len(conf) == 2 and all(len(c["values"]) == 2 for c in conf.values())
+        base = {t["number"] for t in full if t["baseline"]}
+        top2 = {t["number"] for t in sorted(full, key=lambda t: t["value"])[:2]}
+        assert set(conf) == {str(n) for n in top2 | base}
+        assert all(len(c["values"]) == 2 for c in conf.values())
         assert str(profile.study.trial) in conf
     else:
         assert conf is None

@@ -4,6 +4,8 @@
 #   device_run.sh start    join the parts, install into /tmp/site, probe, then run
 #                          search -> emit -> verify in the background (setsid), and wait
 #   device_run.sh wait     wait for the background chain
+# The study's extra flags come from $SEARCH_ARGS (say --trials 12 --time-budget 14 on
+# nvidia-h200-x2, where tensor_parallel_size 1|2 joins the space by itself).
 # start and wait copy what exists into $OUT.  The chain runs from a copy of the
 # repo in /tmp/qrepo: the device re-syncs the working tree on every call.
 set -u
@@ -26,11 +28,12 @@ start)
   python3 -c "import vllm, optuna, typer, qtune.cli; print('vllm', vllm.__version__, 'optuna', optuna.__version__)" 2>&1 | tail -2
   python3 -m qtune probe --json > $Q/probe.json 2> $Q/probe.err; echo "probe json rc=$?"
   python3 -m qtune probe > $Q/probe.txt 2>&1; echo "probe rc=$?"
-  cat > $Q/chain.sh <<'EOC'
+  echo "SEARCH_ARGS='${SEARCH_ARGS:---trials 9 --time-budget 12}'" > $Q/chain.sh
+  cat >> $Q/chain.sh <<'EOC'
 cd /tmp/qrepo; Q=/tmp/qt
 s=$(date +%s)
 python3 -m qtune search --model examples/qwen3-4b --input-len 1024 --output-len 256 --rate 40 \
-  --requests 800 --warmup 160 --seed 1 --trials 9 --time-budget 12 --confirm-top 0 \
+  --requests 800 --warmup 160 --seed 1 $SEARCH_ARGS --confirm-top 0 \
   --storage journal:///tmp/qt/h200.log --study h200-qwen3-4b --out $Q/h200-qwen3-4b.yaml \
   --json > $Q/search.json 2> $Q/search.err
 echo "search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
