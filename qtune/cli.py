@@ -218,6 +218,10 @@ def search(
     exact: Annotated[bool, typer.Option(
         help="Keep the model's numerics: leave fp8 KV cache and fp8 weights "
         "out of the space.")] = False,
+    prune_margin: Annotated[float, typer.Option(
+        min=0.0, max=1.0,
+        help="Stop a trial's measurement only once it is sure to miss the best so "
+        "far by this fraction (0: exact). The best so far is one noisy run.")] = 0.1,
     json_out: JsonOut = False,
 ) -> None:
     """Tune the engine's launch flags against a live load; write a profile."""
@@ -234,7 +238,7 @@ def search(
                      time_budget=time_budget * 60 if time_budget else None,
                      memory_check=memory_check, confirm_top=confirm_top,
                      confirm_repeats=confirm_repeats, pick=pick, exact=exact,
-                     levels=parse_levels(levels))
+                     levels=parse_levels(levels), prune_margin=prune_margin)
     prep = prepare(cfg)
     with console.SearchReporter(objective) as rep:
         res = run_study(prep, rep)

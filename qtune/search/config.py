@@ -238,6 +238,10 @@ class TuneConfig:
     time_budget: float | None = None  # seconds for the whole study
     pick: int | None = None  # write this trial's profile instead of the best
     exact: bool = False  # no lossy options (fp8 KV / weights) in the space
+    # Prune only past best x (1 + margin): the best so far is a single run,
+    # often a lucky one (on the 2-core VM, picks re-measured 6-45% above the
+    # value their search saw), and a pruned trial keeps no value to confirm.
+    prune_margin: float = 0.1
     # pareto: loads (req/s, or streams with --concurrency) each launched
     # config is measured at, on its one server; the workload is the highest.
     levels: tuple[float, ...] = ()

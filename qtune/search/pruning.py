@@ -10,9 +10,10 @@ if TYPE_CHECKING:
 
 def make_pruner(prep: Prepared, best_value: float | None) -> Any:
     """Stop a measurement as soon as the trial cannot win: its objective
-    percentile will exceed the best so far, an SLO percentile its limit, or
-    a request failed (infeasible).  The percentile test is exact
-    (``percentile_exceeds_for_sure``), so no possible winner is dropped."""
+    percentile will exceed the best so far by more than ``prune_margin``, an
+    SLO percentile its limit, or a request failed (infeasible).  The
+    percentile test is exact (``percentile_exceeds_for_sure``), so no trial
+    that could still land within the margin is dropped."""
     from qtune.metrics import percentile_exceeds_for_sure
 
     cfg = prep.cfg
@@ -21,8 +22,10 @@ def make_pruner(prep: Prepared, best_value: float | None) -> Any:
     base, _, pct = cfg.objective.rpartition("_")
     if (planned and best_value is not None and prep.direction == "minimize"
             and pct.startswith("p") and base in ("ttft", "e2e", "tpot")):
-        targets.append((base, float(pct[1:]), best_value,
-                        f"{cfg.objective} cannot beat the best"))
+        margin = cfg.prune_margin
+        targets.append((base, float(pct[1:]), best_value * (1 + margin),
+                        f"{cfg.objective} cannot beat the best"
+                        + (f" ({best_value:.1f}) by less than {margin:.0%}" if margin else "")))
     for slo in cfg.slo:
         b, _, p = slo.metric.rpartition("_")
         if planned and slo.op == "<=" and p.startswith("p") and b in ("ttft", "e2e", "tpot"):

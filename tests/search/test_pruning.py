@@ -29,3 +29,30 @@ def test_rule_fires_as_soon_as_it_can():
     # p50 of 10: k = 4, so 6 values above are needed.
     assert not percentile_exceeds_for_sure([2.0] * 5, [], 10, 50, 1.0)
     assert percentile_exceeds_for_sure([2.0] * 6, [], 10, 50, 1.0)
+
+
+def test_objective_pruning_leaves_the_margin_to_noise():
+    """The best so far is one run: a trial is stopped only once it is sure to
+    miss it by more than --prune-margin (SLO limits stay exact)."""
+    from types import SimpleNamespace
+
+    from qtune.search.config import parse_slo
+    from qtune.search.pruning import make_pruner
+
+    def prep(margin, slo=""):
+        cfg = SimpleNamespace(objective="e2e_p99", workload=SimpleNamespace(requests=100),
+                              slo=parse_slo(slo) if slo else [], prune_margin=margin)
+        return SimpleNamespace(cfg=cfg, direction="minimize")
+
+    def done(*e2e_s):
+        return [SimpleNamespace(e2e=v, ttft=0.01, tpot=0.001, error=None, ok=True)
+                for v in e2e_s]
+
+    # p99 of 100: two values above the threshold decide it.
+    slow = done(1.05, 1.06)  # 5-6% over a best of 1000 ms
+    assert "cannot beat" in make_pruner(prep(0.0), 1000.0)(slow, [], 0.0)
+    assert make_pruner(prep(0.1), 1000.0)(slow, [], 0.0) is None
+    why = make_pruner(prep(0.1), 1000.0)(done(1.2, 1.3), [], 0.0)
+    assert "by less than 10%" in why
+    # An SLO is a limit the user set, not a noisy best: no margin.
+    assert "breaks SLO" in make_pruner(prep(0.1, "e2e_p99<=1000ms"), None)(slow, [], 0.0)
