@@ -969,11 +969,9 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     baseline = baseline or next((r for r in trials if r.baseline), None)
     improvement = None
     if best and baseline and baseline.value and best.value is not None:
-        b, w = baseline.value, best.value
-        if str(best.number) in confirmation and str(baseline.number) in confirmation:
-            # Both re-measured: compare medians, not single runs.
-            b = confirmation[str(baseline.number)]["median"]
-            w = confirmation[str(best.number)]["median"]
+        # Both re-measured: medians, not single runs.
+        pair = _objective_pair(study, best, baseline)
+        b, w = pair["baseline"], pair["best"]
         if prep.direction in ("minimize", "pareto"):  # pareto: its latency
             improvement = b / w if w else None
         else:
@@ -1027,6 +1025,21 @@ def _metrics_view(rec: TrialRecord | None) -> dict[str, Any] | None:
     return view
 
 
+def _objective_pair(study: optuna.Study, best: TrialRecord,
+                    baseline: TrialRecord | None) -> dict[str, Any]:
+    """The winner's and the defaults' objective as the improvement compares
+    them: the medians of the confirmation rounds when both were re-measured
+    (the winner is picked by median, so its first run may be worse than the
+    defaults' first run), else each one's single run."""
+    conf = study.user_attrs.get("confirmation") or {}
+    if baseline is not None and str(best.number) in conf and str(baseline.number) in conf:
+        return {"best": conf[str(best.number)]["median"],
+                "baseline": conf[str(baseline.number)]["median"],
+                "basis": "median of the confirmation runs"}
+    return {"best": best.value, "baseline": baseline.value if baseline else None,
+            "basis": "one run each"}
+
+
 def build_profile(
     prep: Prepared,
     study: optuna.Study,
@@ -1062,8 +1075,7 @@ def build_profile(
         argv=list(spec.argv),
         metrics={
             "objective": {"name": cfg.objective, "direction": prep.direction,
-                          "best": best.value,
-                          "baseline": baseline.value if baseline else None,
+                          **_objective_pair(study, best, baseline),
                           "improvement": improvement},
             "best": _metrics_view(best),
             "baseline": _metrics_view(baseline),

@@ -94,6 +94,10 @@ def test_study_records_every_outcome_and_picks_a_confirmed_winner(fake):
     conf = profile.metrics["confirmation"]
     # The top 2 and the engine defaults (trial 0), re-measured in the same rounds.
     assert 2 <= len(conf) <= 3 and str(profile.study.trial) in conf and "0" in conf
+    # The figures the profile states are the medians the winner was picked by.
+    obj = profile.metrics["objective"]
+    assert obj["basis"] == "median of the confirmation runs"
+    assert obj["best"] == conf[str(profile.study.trial)]["median"] <= obj["baseline"]
     assert profile.params == res.best.params
     assert (fake.studies_dir / "fake" / "trials.csv").is_file()
 
