@@ -191,3 +191,8 @@ class Monitor:
         if not self.top_foreign:
             return ""
         return "; ".join(f"{c} {d:.1f} s" for c, d in self.top_foreign)
+
+
+def md_table(headers: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(out + ["| " + " | ".join(map(str, r)) + " |" for r in rows])

@@ -37,6 +37,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from _common import fmt, md_table  # noqa: E402
+
 from qtune.bench import _bootstrap_median, _ratio_ci  # noqa: E402
 from qtune.load.workload import Workload  # noqa: E402
 from qtune.metrics import metric_value  # noqa: E402
@@ -56,8 +58,9 @@ def config_key(argv: list[str], env: dict[str, str]) -> tuple[Any, ...]:
     return tuple(a), tuple(sorted(env.items()))
 
 
-def fmt(v: float | None, nd: int = 1) -> str:
-    return "-" if v is None else f"{v:.{nd}f}"
+def with_ci(v: float | None, ci: list[float] | None, nd: int = 1) -> str:
+    lo, hi = ci or (None, None)
+    return f"{fmt(v, nd)} [{fmt(lo, nd)}, {fmt(hi, nd)}]"
 
 
 def main() -> int:
@@ -150,18 +153,13 @@ def main() -> int:
             "values", "vs grid's pick [95% CI]"]
     trows = []
     for label, pc in per_config.items():
-        ci = pc["ci95"]
         r = pc["vs_grid"] or {}
-        rci = r.get("ci95")
         trows.append([label, ", ".join(f"{k}={v}" for k, v in pc["params"].items()
                                        if k.startswith(("max_num", "VLLM_CPU"))) or "defaults",
-                      ", ".join(pc["picked_by"]),
-                      f"{fmt(pc['median'])} [{fmt(ci[0]) if ci else '-'}, "
-                      f"{fmt(ci[1]) if ci else '-'}]",
-                      " ".join(fmt(x) for x in pc["values"]),
-                      f"{fmt(r.get('ratio'), 3)} [{fmt(rci[0], 3) if rci else '-'}, "
-                      f"{fmt(rci[1], 3) if rci else '-'}]"])
-    rrows = [[r["run"], r["config"], fmt(r["single_best_in_search"]), fmt(r["median"]),
+                      ", ".join(pc["picked_by"]), with_ci(pc["median"], pc["ci95"]),
+                      " ".join(fmt(x, 1) for x in pc["values"]),
+                      with_ci(r.get("ratio"), r.get("ci95"), 3)])
+    rrows = [[r["run"], r["config"], fmt(r["single_best_in_search"], 1), fmt(r["median"], 1),
               f"{(r['vs_grid'] - 1) * 100:+.1f}%" if r["vs_grid"] is not None else "-",
               {True: "yes", False: "no", None: "-"}[r["within_5pct"]]] for r in rows]
     shown = out.relative_to(REPO) if out.is_relative_to(REPO) else out
@@ -169,13 +167,11 @@ def main() -> int:
           f"`python benchmarks/judge_picks.py {shown} "
           f"--repeats {args.repeats}`: each distinct config {args.repeats} fresh starts, "
           f"rotating order, same prompts per repeat; {wall / 60:.1f} min.", "",
-          "## Configs", "", "| " + " | ".join(head) + " |",
-          "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in trows] + [
-          "", "## Runs: the single best measurement each search saw, and its pick re-measured",
-          "", "| run | pick | best seen in search | pick re-measured (median) | vs grid's pick "
-          "| within 5% |", "|---|---|---|---|---|---|"] + [
-          "| " + " | ".join(r) + " |" for r in rrows] + ["", "## Verdicts", ""] + [
-          f"- {v}" for v in verdicts] + [""]
+          "## Configs", "", md_table(head, trows), "",
+          "## Runs: the single best measurement each search saw, and its pick re-measured",
+          "", md_table(["run", "pick", "best seen in search", "pick re-measured (median)",
+                        "vs grid's pick", "within 5%"], rrows),
+          "", "## Verdicts", ""] + [f"- {v}" for v in verdicts] + [""]
     (out / "judge.md").write_text("\n".join(md))
     print("\n".join(md), flush=True)
     print(f"wrote {out}/judge.md, judge.json", flush=True)

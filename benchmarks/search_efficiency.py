@@ -94,7 +94,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import table, wait_until_alone  # noqa: E402
+from _common import md_table, table, wait_until_alone  # noqa: E402
 
 WITHIN = 0.05  # "within 5% of the grid's best"
 SHARE = 4  # random and TPE get ceil(grid / SHARE) tuned launches
@@ -571,11 +571,6 @@ def cell(losses: list[float], n_all: int, maximize: bool) -> str:
 
 def pct(v: float | None, ref: float) -> str:
     return "-" if v is None else f"{100 * (v / ref - 1):+.1f}%"
-
-
-def md_table(headers: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(out + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
 
 
 def analyse(plan: Plan, grid: Series | None, others: dict[str, list[Series]],

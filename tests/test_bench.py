@@ -166,26 +166,31 @@ def test_cli_bench_json(server, tmp_path):
     assert bad.stderr.startswith("error: ")
 
 
-def test_capacity_falls_back_to_a_load_that_passed_before(monkeypatch):
-    """Near the knee a short run passes or fails by luck: loads in (64, 76]
-    pass once and then fail.  The re-measure must fall back to a load that
-    passed before (64) rather than creep down 5% at a time into more luck, and
-    report only a load it measured as holding."""
+def _scripted_capacity(monkeypatch, holds) -> dict:
+    """find_capacity with each run's outcome scripted: ``holds(rate, n)`` says
+    whether the n-th run at ``rate`` meets the SLO."""
     import qtune.bench as bench
 
     seen: dict[float, int] = {}
 
     def fake_measure(url, model, w, cfg, **kw):
         seen[w.rate] = seen.get(w.rate, 0) + 1
-        holds = w.rate <= 64 or (w.rate <= 76 and seen[w.rate] == 1)
-        return {"holds": holds}
+        return {"holds": holds(w.rate, seen[w.rate])}
 
     monkeypatch.setattr(bench, "measure", fake_measure)
     monkeypatch.setattr(bench, "_meets", lambda s, slos, offered: (s["holds"], "scripted"))
     monkeypatch.setattr(bench, "metric_value", lambda s, m: 0.0)
     cfg = BenchConfig(urls=["u"], workload=Workload(rate=4, requests=10),
                       slo=parse_slo("ttft_p99<=400ms"))
-    cap = find_capacity("u", "m", cfg)
+    return find_capacity("u", "m", cfg)
+
+
+def test_capacity_falls_back_to_a_load_that_passed_before(monkeypatch):
+    """Near the knee a short run passes or fails by luck: loads in (64, 76]
+    pass once and then fail.  The re-measure must fall back to a load that
+    passed before (64) rather than creep down 5% at a time into more luck, and
+    report only a load it measured as holding."""
+    cap = _scripted_capacity(monkeypatch, lambda rate, n: rate <= 64 or (rate <= 76 and n == 1))
     assert cap["found"], cap
     assert cap["value"] == 64 and cap["at_value"] == {**cap["steps"][-1]}
     assert cap["at_value"]["ok"] and cap["at_value"]["load"] == 64
@@ -193,18 +198,6 @@ def test_capacity_falls_back_to_a_load_that_passed_before(monkeypatch):
 
 
 def test_capacity_not_found_when_no_load_holds_on_re_measure(monkeypatch):
-    import qtune.bench as bench
-
-    seen: dict[float, int] = {}
-
-    def fake_measure(url, model, w, cfg, **kw):
-        seen[w.rate] = seen.get(w.rate, 0) + 1
-        return {"holds": seen[w.rate] == 1 and w.rate < 50}  # every load passes once only
-
-    monkeypatch.setattr(bench, "measure", fake_measure)
-    monkeypatch.setattr(bench, "_meets", lambda s, slos, offered: (s["holds"], "scripted"))
-    monkeypatch.setattr(bench, "metric_value", lambda s, m: 0.0)
-    cfg = BenchConfig(urls=["u"], workload=Workload(rate=4, requests=10),
-                      slo=parse_slo("ttft_p99<=400ms"))
-    cap = find_capacity("u", "m", cfg)
+    # Every load below 50 passes once only.
+    cap = _scripted_capacity(monkeypatch, lambda rate, n: n == 1 and rate < 50)
     assert not cap["found"] and "value" not in cap and "re-measured" in cap["reason"]

@@ -968,9 +968,8 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
                      and r.load_level == level), None)
     baseline = baseline or next((r for r in trials if r.baseline), None)
     improvement = None
+    pair = _objective_pair(study, best, baseline) if best is not None else {}
     if best and baseline and baseline.value and best.value is not None:
-        # Both re-measured: medians, not single runs.
-        pair = _objective_pair(study, best, baseline)
         b, w = pair["baseline"], pair["best"]
         if prep.direction in ("minimize", "pareto"):  # pareto: its latency
             improvement = b / w if w else None
@@ -978,8 +977,8 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
             improvement = w / b
     profile = path = None
     if best is not None:
-        profile = build_profile(prep, study, best, baseline, len(trials), improvement,
-                                front_view)
+        profile = build_profile(prep, study, best, baseline, len(trials),
+                                {**pair, "improvement": improvement}, front_view)
         path = (cfg.out or (cfg.profiles_dir / f"{prep.study_name}.yaml")).resolve()
         profile.save(path)
     attrs = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
@@ -1046,9 +1045,11 @@ def build_profile(
     best: TrialRecord,
     baseline: TrialRecord | None,
     n_trials: int,
-    improvement: float | None,
+    objective: dict[str, Any],
     pareto_front: list[dict[str, Any]] | None = None,
 ) -> Profile:
+    """``objective``: best, baseline, basis and improvement, as ``_finish``
+    compared them (``_objective_pair``)."""
     cfg = prep.cfg
     # The trial ran on a random port; the deployed server gets a fixed one.
     spec = prep.engine.launch_spec(best.params, prep.ctx, host="127.0.0.1", port=8000)
@@ -1075,8 +1076,7 @@ def build_profile(
         argv=list(spec.argv),
         metrics={
             "objective": {"name": cfg.objective, "direction": prep.direction,
-                          **_objective_pair(study, best, baseline),
-                          "improvement": improvement},
+                          **objective},
             "best": _metrics_view(best),
             "baseline": _metrics_view(baseline),
             "startup_s": best.startup_s,
