@@ -152,6 +152,8 @@ class Engine(Protocol):
     # by which a config asks for memory at start, when a start failed because
     # it asked for more than was free (any larger ask fails too).  The search
     # then refuses, without a launch, configs that ask at least as much.
+    # Optional: ``gpus_used(params) -> int``, the GPUs a config occupies (for
+    # NUMA placement); 1 when absent.
 
 
 def classify_by_patterns(

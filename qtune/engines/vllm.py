@@ -152,6 +152,13 @@ class VLLM:
             tps = self.valid_tp_sizes(ctx)
             if len(tps) > 1:
                 params.append(Param("tensor_parallel_size", "choice", choices=tuple(tps)))
+            dps = self.dp_sizes(ctx)
+            if len(dps) > 1:
+                # A model that fits one GPU often serves more as one engine
+                # per GPU (no all-reduce per layer, one scheduler each) than
+                # split across them; tp x dp may not exceed the GPUs (check).
+                params.append(Param("data_parallel_size", "choice", choices=tuple(dps),
+                                    help="engine replicas, one per GPU group"))
             # fp8 tensor cores (Ada/Hopper or newer) make fp8 a speed option;
             # both change numerics, so --exact leaves them out.
             fp8 = not ctx.exact and bool(ctx.host.gpus) and all(
@@ -185,6 +192,17 @@ class VLLM:
             # A flag the installed vLLM lacks never appears.
             params = [p for p in params if p.target == "env" or p.name in ctx.engine_args]
         return params
+
+    @staticmethod
+    def gpus_used(params: Mapping[str, Any]) -> int:
+        """GPUs a config occupies: tensor-parallel ranks x data-parallel replicas."""
+        return (int(params.get("tensor_parallel_size", 1))
+                * int(params.get("data_parallel_size", 1)))
+
+    @staticmethod
+    def dp_sizes(ctx: SpaceContext) -> list[int]:
+        n_gpus = max(len(ctx.host.gpus), 1)
+        return [d for d in (1, 2, 4, 8, 16) if d <= n_gpus]
 
     @staticmethod
     def valid_tp_sizes(ctx: SpaceContext) -> list[int]:
@@ -308,6 +326,10 @@ class VLLM:
         tp = params.get("tensor_parallel_size")
         if tp is not None and tp not in self.valid_tp_sizes(ctx):
             out.append(f"tensor_parallel_size {tp} does not fit heads/GPUs")
+        n_gpus = self.gpus_used(params)
+        if n_gpus > 1 and n_gpus > len(ctx.host.gpus):
+            out.append(f"tensor_parallel_size x data_parallel_size ({n_gpus}) > "
+                       f"{len(ctx.host.gpus)} GPUs")
         return out
 
     def launch_spec(

@@ -882,6 +882,11 @@ def _measure(prep: Prepared, spec: Any, n: int, reporter: Reporter, baseline: bo
                    progress=progress, watch=watch)
 
 
+def _gpus_used(engine: Engine, params: dict[str, Any]) -> int:
+    used = getattr(engine, "gpus_used", None)
+    return used(params) if used else 1
+
+
 def _at_load(wl: Any, value: float | None) -> Any:
     import dataclasses
 
@@ -1088,7 +1093,7 @@ def build_profile(
                   else _at_load(cfg.workload, best.load_level)).to_dict(),
         slo=[str(s) for s in cfg.slo],
         host=prep.host.fingerprint(),
-        placement=placement(prep.host, int(best.params.get("tensor_parallel_size", 1))),
+        placement=placement(prep.host, _gpus_used(prep.engine, best.params)),
         study=StudyRef(storage=prep.storage_url, name=prep.study_name,
                        trial=best.number, trials_run=n_trials,
                        baseline_trial=baseline.number if baseline else None),

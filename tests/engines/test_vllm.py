@@ -45,6 +45,12 @@ def test_gpu_space_tp_divides_heads(cpu_ctx):
     assert space["stream_interval"].choices[0] == 1  # the engine default first
     assert "VLLM_CPU_KVCACHE_SPACE" not in space
     assert VLLM().check({"tensor_parallel_size": 3}, ctx)
+    # One engine per GPU is offered too, up to the GPUs there are.
+    assert space["data_parallel_size"].choices == (1, 2)
+    assert not VLLM().check({"tensor_parallel_size": 1, "data_parallel_size": 2}, ctx)
+    assert VLLM().check({"tensor_parallel_size": 2, "data_parallel_size": 2}, ctx) == [
+        "tensor_parallel_size x data_parallel_size (4) > 3 GPUs"]
+    assert VLLM().gpus_used({"tensor_parallel_size": 2, "data_parallel_size": 2}) == 4
 
 
 def test_fp8_options_follow_hardware_model_and_exact(cpu_ctx):
