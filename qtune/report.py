@@ -40,6 +40,8 @@ def trials_frame(study: optuna.Study) -> Any:
 
     rows = []
     for t in study.get_trials(deepcopy=False):
+        if t.state == optuna.trial.TrialState.WAITING:
+            continue  # queued (a design point) but never run: not a trial yet
         r = TrialRecord.from_frozen(t)
         s = r.summary or {}
         row: dict[str, Any] = {

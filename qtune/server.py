@@ -136,7 +136,8 @@ class Server:
                 on_tick(now - self.started_at)
             rc = self.proc.poll()
             text = self.log_text()
-            new, seen = text[seen:], len(text)
+            # Overlap the last read: a fatal line may arrive in two pieces.
+            new, seen = text[max(0, seen - 512):], len(text)
             if rc is not None or any(f.search(new) for f in fatal):
                 # A fatal line may precede the root cause's last lines by a
                 # moment; give the log a breath before classifying it.

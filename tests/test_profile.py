@@ -80,3 +80,20 @@ def test_secrets_and_bad_argv_rejected(over):
     with pytest.raises(Exception) as e:
         sample_profile(**over)
     assert "hf_abcdefghij" not in str(e.value)
+
+
+def test_write_atomic_gives_the_mode_open_would(tmp_path):
+    import os
+
+    from qtune.profile import write_atomic
+
+    umask = os.umask(0o022)
+    try:
+        p = tmp_path / "p.yaml"
+        write_atomic(p, "a: 1\n")
+        assert p.stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+        p.chmod(0o640)
+        write_atomic(p, "a: 2\n")  # a replaced file keeps its mode
+        assert p.stat().st_mode & 0o777 == 0o640 and p.read_text() == "a: 2\n"
+    finally:
+        os.umask(umask)

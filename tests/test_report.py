@@ -29,6 +29,8 @@ def _study(tmp_path, monkeypatch):
                                     "request_throughput": 1000.0 / e2e, "failed": 0})
         t.set_constraint("failed_requests", 0.0)
         study.tell(t, e2e)
+    # A design point queued but never run (the budget ended first).
+    study.enqueue_trial({"max_num_seqs": 100}, user_attrs={"design": "latin-hypercube"})
     return study
 
 
@@ -41,7 +43,9 @@ def test_report_exports(tmp_path, monkeypatch):
     assert page.count("<svg") >= 2 and "optimisation history" in page
     assert "No available memory for the cache blocks" in page
     assert "<script" not in page  # self-contained, nothing to fetch
-    header = (tmp_path / "t.csv").read_text().splitlines()[0]
+    rows = (tmp_path / "t.csv").read_text().splitlines()
+    assert len(rows) == 1 + 5  # the queued point is not a row
+    header = rows[0]
     assert "param.max_num_seqs" in header and "e2e_p99_ms" in header
 
 

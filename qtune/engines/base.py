@@ -152,6 +152,9 @@ class Engine(Protocol):
     # by which a config asks for memory at start, when a start failed because
     # it asked for more than was free (any larger ask fails too).  The search
     # then refuses, without a launch, configs that ask at least as much.
+    # Optional: ``seeds(params, ctx) -> list[(point, why)]``, informed first
+    # points (a few of the tuned params set, the rest at the engine's
+    # defaults) run right after the baseline, before the sampler's own.
     # Optional: ``gpus_used(params) -> int``, the GPUs a config occupies (for
     # NUMA placement); 1 when absent.
 
@@ -170,5 +173,9 @@ def classify_by_patterns(
             line = re.sub(r"^\([^)]*\)\s+[A-Z]+\s+[\d-]+\s+[\d:]+\s+\[[^\]]*\]\s*",
                           "", line)
             return Failure(reason, line[:400])
-    lines = [ln for ln in log_text.strip().splitlines() if ln.strip()]
-    return Failure(default, lines[-1][-400:] if lines else "no output")
+    lines = [ln.strip() for ln in log_text.strip().splitlines() if ln.strip()]
+    # The last line is often a stack frame ("frame #22: _start + 0x25"); the
+    # last line that names an error says more.
+    errors = [ln for ln in lines if re.search(r"Error\b|Exception\b|error:", ln)]
+    pick = errors[-1] if errors else lines[-1] if lines else "no output"
+    return Failure(default, pick[-400:])

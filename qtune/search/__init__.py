@@ -391,22 +391,41 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     prep = _shape(prep, study, reporter)
     dists = distributions(prep.params)
     study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
+
+    def over_budget() -> str | None:
+        """Start a trial only if a typical one still fits in the budget."""
+        if cfg.time_budget is None:
+            return None
+        typical = _typical_trial_s(study)
+        if time.monotonic() - started + typical <= cfg.time_budget:
+            return None
+        return (f"time budget: {cfg.time_budget / 60:.0f} min, a trial "
+                f"takes ~{typical / 60:.1f} min")
+
+    for point, why in _pending_seeds(prep, study):
+        if launched_count() >= cfg.trials or (stop_reason := over_budget()):
+            break
+        # Queued so that the point's values are what ask() returns; only its
+        # own params are suggested, the rest stay at the engine's defaults.
+        study.enqueue_trial(point, user_attrs={"seed": why})
+        trial = study.ask({k: dists[k] for k in point})
+        reporter.note(f"trial {trial.number}: {why}")
+        params = {**point, **prep.fixed}
+        est = _estimate(prep, params)
+        if est is not None:
+            trial.set_user_attr("memory_estimate", est.as_dict())
+        _run_trial(prep, study, trial, params, reporter)
     _start_design(prep, study)
 
     invalid_run = 0
-    while launched_count() < cfg.trials:
+    while not stop_reason and launched_count() < cfg.trials:
         if invalid_run >= 25:
             # Every recent proposal was refused without a launch: what is left
             # of the space cannot start.  Stop rather than spin.
             stop_reason = "the last 25 proposals were all refused without a launch"
             break
-        if cfg.time_budget is not None:
-            typical = _typical_trial_s(study)
-            # Start a trial only if a typical one still fits in the budget.
-            if time.monotonic() - started + typical > cfg.time_budget:
-                stop_reason = (f"time budget: {cfg.time_budget / 60:.0f} min, a trial "
-                               f"takes ~{typical / 60:.1f} min")
-                break
+        if stop_reason := over_budget():
+            break
         if isinstance(study.sampler, optuna.samplers.GridSampler) and \
                 study.sampler.is_exhausted(study):
             stop_reason = "every grid point has been tried"
@@ -492,13 +511,35 @@ def _shape(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Prepared:
     return dataclasses.replace(prep, params=params, fixed={**fixed, **prep.fixed})
 
 
+def _pending_seeds(prep: Prepared, study: optuna.Study) -> list[tuple[dict[str, Any], str]]:
+    """The engine's informed first points (``seeds``) not yet run in this
+    study, that are in the tuned space, valid and predicted to fit."""
+    seeds = getattr(prep.engine, "seeds", None)
+    if seeds is None:
+        return []
+    ran = [t.params for t in study.get_trials(deepcopy=False) if t.user_attrs.get("seed")]
+    tuned = {p.name for p in prep.params}
+    out = []
+    for point, why in seeds(prep.params, prep.ctx):
+        if point in ran or not set(point) <= tuned:
+            continue
+        full = {**point, **prep.fixed}
+        est = _estimate(prep, full)
+        if prep.engine.check(full, prep.ctx) or (
+                est is not None and not est.fits and prep.cfg.memory_check):
+            continue
+        out.append((point, why))
+    return out
+
+
 def _start_design(prep: Prepared, study: optuna.Study) -> None:
     """Model-based samplers start from a Latin hypercube instead of random
     points (see ``initial_design``); queued once, on a study's first run."""
     cfg = prep.cfg
     if cfg.sampler not in ("tpe", "gp") or not prep.params:
         return
-    if any(not t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
+    if any(not (t.user_attrs.get("baseline") or t.user_attrs.get("seed"))
+           for t in study.get_trials(deepcopy=False)):
         return  # resumed: the design was queued (and probably run) before
     n = startup_trials(cfg.trials)
 

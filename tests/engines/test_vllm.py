@@ -51,6 +51,35 @@ def test_gpu_space_tp_divides_heads(cpu_ctx):
     assert VLLM().check({"tensor_parallel_size": 2, "data_parallel_size": 2}, ctx) == [
         "tensor_parallel_size x data_parallel_size (4) > 3 GPUs"]
     assert VLLM().gpus_used({"tensor_parallel_size": 2, "data_parallel_size": 2}) == 4
+    # The first tuned trial: the defaults with one replica per GPU (2 of 3:
+    # replicas come in powers of two).
+    assert [p for p, _ in VLLM().seeds(list(space.values()), ctx)] == [
+        {"data_parallel_size": 2}]
+    assert VLLM().seeds(VLLM().space(cpu_ctx), cpu_ctx) == []
+
+
+def test_tp_pins_an_allreduce_without_multicast_where_the_host_forbids_it(
+        cpu_ctx, monkeypatch):
+    from qtune.host.gpu import GPU, GPUReport
+
+    gpus = [GPU(i, "NVIDIA H200", f"GPU-{i}", 150 * 2**30, 150 * 2**30, "9.0",
+                f"0000:0{i}:00.0", 0, [], 5, 16, 5, 16) for i in range(2)]
+    host = dataclasses.replace(cpu_ctx.host, gpu=GPUReport(gpus, "580", "13.0", None))
+    ctx = dataclasses.replace(cpu_ctx, host=host,
+                              install=dataclasses.replace(cpu_ctx.install, build="cuda"))
+
+    def env(params):
+        return VLLM().launch_spec(params, ctx, host="127.0.0.1", port=1).env
+
+    for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+              "NVSHMEM_DISABLE_NVLS", "VLLM_FLASHINFER_ALLREDUCE_BACKEND"):
+        monkeypatch.delenv(k, raising=False)
+    assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env({"tensor_parallel_size": 2})
+    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    assert env({"tensor_parallel_size": 2})["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "trtllm"
+    assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env({"data_parallel_size": 2})
+    monkeypatch.setenv("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "mnnvl")  # the user's choice
+    assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env({"tensor_parallel_size": 2})
 
 
 def test_fp8_options_follow_hardware_model_and_exact(cpu_ctx):
@@ -158,6 +187,27 @@ def test_classify(text, reason):
     f = VLLM().classify(text)
     assert f.reason == reason
     assert f.detail
+
+
+def test_a_gpu_worker_crash_at_start_is_fatal_and_named():
+    # Captured on 2xH200 (TP 2): the worker died, the API server stayed up
+    # and the search waited out the 600 s start timeout.
+    import re
+
+    from qtune.engines.vllm import _FATAL
+
+    text = (FIX / "vllm-logs" / "h200x2-tp2-worker-crash.log").read_text()
+    assert any(re.search(p, text) for p in _FATAL)
+    f = VLLM().classify(text)
+    assert (f.reason, f.detail) == (
+        "crash", "torch.AcceleratorError: CUDA error: an illegal memory access was "
+                 "encountered")
+
+
+def test_unmatched_log_names_its_last_error_not_a_stack_frame():
+    f = VLLM().classify("RuntimeError: boom\nframe #21: __libc_start_main + 0x8b\n"
+                        "frame #22: _start + 0x25\n")
+    assert f == type(f)("crash", "RuntimeError: boom")
 
 
 def test_every_engine_builds_a_spec_for_each_space_param(cpu_ctx):

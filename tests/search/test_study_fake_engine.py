@@ -284,3 +284,30 @@ def test_a_failed_memory_ask_refuses_larger_asks(fake, monkeypatch, tmp_path):
         assert t.status == "invalid" and "trial" in t.detail
         assert any(t.params["slots"] >= f.params["slots"] for f in failed
                    if f.number < t.number)
+
+
+class SeedingEngine(FakeEngine):
+    """Informed first points: one that runs, one the engine refuses and one
+    outside the tuned space (both skipped without a launch)."""
+
+    def seeds(self, params: list[Param], ctx: SpaceContext) -> list[tuple[dict, str]]:
+        return [({"delay_ms": 1}, "the fast setting first"),
+                ({"slots": 7}, "refused by check"),
+                ({"nope": 1}, "not a tuned param")]
+
+
+def test_engine_seeds_run_after_the_baseline_and_before_the_design(fake, monkeypatch):
+    monkeypatch.setitem(ENGINES, "fake", SeedingEngine())
+    cfg = dataclasses.replace(fake, trials=4, sampler="tpe", confirm_top=0, study="seeds")
+    res = tune(cfg)
+    assert res.trials[0].baseline
+    seed = res.trials[1]
+    # Only the seed's own param is set: the rest are the engine's defaults.
+    assert seed.params == {"delay_ms": 1} and seed.status == "ok"
+    assert all(t.params.get("slots") != 7 for t in res.trials)
+    # The sampler's Latin-hypercube start still runs after it.
+    later = res.trials[2:]
+    assert later and all(set(t.params) == {"delay_ms", "crash", "slots"} for t in later)
+    # Resumed: the seed is not run again.
+    res2 = tune(dataclasses.replace(cfg, trials=5))
+    assert sum(t.params == {"delay_ms": 1} for t in res2.trials) == 1
