@@ -341,7 +341,7 @@ def verify(
     other = None if against == "defaults" else Profile.load(Path(against))
     with console.Status() as status:
         res = do_verify(prof, other, repeat, progress=status.update,
-                        startup_timeout=startup_timeout)
+                        startup_timeout=startup_timeout, on_run=status.log)
     if json_out:
         _print_json(res)
     else:

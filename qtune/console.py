@@ -258,7 +258,10 @@ def render_search_result(res: Any) -> None:
                       params)
         out.print(f)
     if res.improvement:
-        out.print(f"improvement over the engine defaults: {res.improvement:.2f}x")
+        obj = (res.profile.metrics.get("objective") or {}) if res.profile else {}
+        within = (" (within the noise: the confirmation runs overlap the defaults'; "
+                  "check with qtune verify)" if obj.get("separated") is False else "")
+        out.print(f"improvement over the engine defaults: {res.improvement:.2f}x{within}")
     elif res.baseline is not None and res.baseline.status != "ok":
         out.print(f"the engine defaults failed ({res.baseline.reason}): any working "
                   "configuration is an improvement")
@@ -289,6 +292,11 @@ class Status:
     def update(self, text: str) -> None:
         self.live.update(Text(f"{text}  ({time.monotonic() - self.started:.0f} s)",
                               style="dim"))
+
+    def log(self, text: str) -> None:
+        """A line that stays (above the status; also when stderr is a file,
+        where the transient status shows nothing)."""
+        self.live.console.print(text, markup=False, highlight=False)
 
 
 def _summary_table(title: str, cols: list[tuple[str, dict[str, Any]]]) -> Table:

@@ -73,6 +73,7 @@ def measure_sides(
     progress: Callable[[str], None] | None = None,
     startup_timeout: float = 600.0,
     log_dir: Path = Path("studies/verify"),
+    on_run: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[float]]]:
     """Start each side anew per repeat and run the workload on it.
 
@@ -106,7 +107,20 @@ def measure_sides(
 
                 runs[side.label].append(measure(spec.base_url, served, w, cfg,
                                                 progress=tick))
+            if on_run:  # one lasting line per run: the spinner alone vanishes
+                on_run(f"repeat {r + 1}/{repeat}: {side.label}: "
+                       + run_line(runs[side.label][-1], starts[side.label][-1]))
     return runs, starts
+
+
+def run_line(summary: dict[str, Any], start_s: float) -> str:
+    def ms(name: str) -> str:
+        v = metric_value(summary, name)
+        return "-" if v is None else f"{v:,.1f} ms"
+
+    return (f"ready in {start_s:.0f} s; e2e p99 {ms('e2e_p99')}, TTFT p50 "
+            f"{ms('ttft_p50')}, TPOT p50 {ms('tpot_p50')}, "
+            f"{summary.get('request_throughput', 0):.2f} req/s")
 
 
 def verify(
@@ -116,6 +130,7 @@ def verify(
     progress: Callable[[str], None] | None = None,
     startup_timeout: float = 600.0,
     log_dir: Path = Path("studies/verify"),
+    on_run: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     engine = get_engine(profile.engine.name)
     if against is None and not profile.params:
@@ -136,7 +151,8 @@ def verify(
     t0 = time.monotonic()
     runs, starts = measure_sides([a, b], profile.engine.name, ctx,
                                  Workload(**profile.workload), repeat, progress=progress,
-                                 startup_timeout=startup_timeout, log_dir=log_dir)
+                                 startup_timeout=startup_timeout, log_dir=log_dir,
+                                 on_run=on_run)
     objective = profile.metrics.get("objective", {}).get("name", "e2e_p99")
     metrics = [objective] + [m for m in KEY_METRICS if m != objective]
     table: dict[str, Any] = {}

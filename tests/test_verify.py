@@ -23,9 +23,13 @@ def test_sides_rotate_and_each_repeat_starts_anew(monkeypatch, cpu_ctx, tmp_path
             order.append(text.split(": ")[1])
 
     wl = Workload(input_len=8, output_len=6, concurrency=2, requests=6, warmup_requests=0)
+    lines: list[str] = []
     runs, starts = measure_sides(sides, "fake", cpu_ctx, wl, 3, progress=progress,
-                                 startup_timeout=60, log_dir=tmp_path)
+                                 startup_timeout=60, log_dir=tmp_path, on_run=lines.append)
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    # One lasting line per run, with its figures (the spinner alone vanishes).
+    assert len(lines) == 9 and lines[0].startswith("repeat 1/3: a: ready in ")
+    assert "e2e p99 " in lines[0] and "req/s" in lines[0]
     assert {k: len(v) for k, v in runs.items()} == {"a": 3, "b": 3, "c": 3}
     assert all(len(v) == 3 for v in starts.values())
     assert len(list(tmp_path.glob("*.log"))) == 9  # one fresh server per run

@@ -97,6 +97,9 @@ def test_study_records_every_outcome_and_picks_a_confirmed_winner(fake):
     # The figures the profile states are the medians the winner was picked by.
     obj = profile.metrics["objective"]
     assert obj["basis"] == "median of the confirmation runs"
+    # 1 ms against 10 ms per token: the intervals do not overlap, no caveat.
+    assert obj["separated"] is True
+    assert not any("run-to-run noise" in n for n in profile.notes)
     assert obj["best"] == conf[str(profile.study.trial)]["median"] <= obj["baseline"]
     assert profile.params == res.best.params
     assert (fake.studies_dir / "fake" / "trials.csv").is_file()
@@ -311,3 +314,19 @@ def test_engine_seeds_run_after_the_baseline_and_before_the_design(fake, monkeyp
     # Resumed: the seed is not run again.
     res2 = tune(dataclasses.replace(cfg, trials=5))
     assert sum(t.params == {"delay_ms": 1} for t in res2.trials) == 1
+
+
+def test_an_improvement_inside_the_noise_is_flagged():
+    from types import SimpleNamespace
+
+    from qtune.search import _objective_pair
+
+    def rec(n):
+        return SimpleNamespace(number=n, value=None)
+
+    conf = {"1": {"median": 64.6, "ci95": [60.4, 64.8]},   # measured on CPU
+            "0": {"median": 67.9, "ci95": [61.4, 74.3]},
+            "2": {"median": 40.0, "ci95": [38.0, 42.0]}}
+    study = SimpleNamespace(user_attrs={"confirmation": conf})
+    assert _objective_pair(study, rec(1), rec(0))["separated"] is False
+    assert _objective_pair(study, rec(2), rec(0))["separated"] is True
