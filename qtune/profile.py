@@ -122,16 +122,17 @@ def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        # mkstemp makes the file 0600; give it the mode a plain open() would
-        # (or the replaced file's), so a team can read profiles and units.
-        try:
-            mode = path.stat().st_mode & 0o777
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
+            # mkstemp makes the file 0600; give it the mode a plain open()
+            # would (or the replaced file's), so a team can read profiles
+            # and units.
+            try:
+                mode = path.stat().st_mode & 0o777
+            except FileNotFoundError:
+                umask = os.umask(0)
+                os.umask(umask)
+                mode = 0o666 & ~umask
+            os.fchmod(f.fileno(), mode)
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -221,8 +221,8 @@ class VLLM:
         first: the first thing an engineer tries with a model that fits one
         GPU, and measured on 2xH200 (Qwen3-4B shape, 40 req/s) at p99 E2E
         2.0-2.4 s against 15.3 s for one GPU, while a sampled first point
-        spends the short GPU budget elsewhere.  The search skips it when the
-        model does not fit one GPU (memory estimate)."""
+        spends the short GPU budget elsewhere.  The search skips it when it
+        fails ``check`` or the memory estimate (unless --no-memory-check)."""
         dp = next((p for p in params if p.name == "data_parallel_size"), None)
         if dp is None or not dp.choices:
             return []

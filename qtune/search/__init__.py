@@ -405,17 +405,23 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     for point, why in _pending_seeds(prep, study):
         if launched_count() >= cfg.trials or (stop_reason := over_budget()):
             break
-        # Queued so that the point's values are what ask() returns; only its
-        # own params are suggested, the rest stay at the engine's defaults.
-        study.enqueue_trial(point, user_attrs={"seed": why})
-        trial = study.ask({k: dists[k] for k in point})
+        # Param-less in Optuna, like the baseline (its launch params are kept
+        # in its attributes): queued, so no sampler spends a point on it, and
+        # not modelled, since TPE's groups would split its one param off from
+        # the rest.  The queue is empty here (_pending_seeds), so ask() returns
+        # this trial and not a queued design point.
+        study.enqueue_trial({}, user_attrs={"seed": why, "seed_point": point})
+        trial = study.ask()
         reporter.note(f"trial {trial.number}: {why}")
         params = {**point, **prep.fixed}
         est = _estimate(prep, params)
         if est is not None:
             trial.set_user_attr("memory_estimate", est.as_dict())
         _run_trial(prep, study, trial, params, reporter)
-    _start_design(prep, study)
+    if not stop_reason and launched_count() < cfg.trials:
+        # Queued only when the loop will take them: a queued point left over
+        # would come out of a later ask() in place of what was queued then.
+        _start_design(prep, study)
 
     invalid_run = 0
     while not stop_reason and launched_count() < cfg.trials:
@@ -515,9 +521,9 @@ def _pending_seeds(prep: Prepared, study: optuna.Study) -> list[tuple[dict[str, 
     """The engine's informed first points (``seeds``) not yet run in this
     study, that are in the tuned space, valid and predicted to fit."""
     seeds = getattr(prep.engine, "seeds", None)
-    if seeds is None:
-        return []
-    ran = [t.params for t in study.get_trials(deepcopy=False) if t.user_attrs.get("seed")]
+    if seeds is None or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        return []  # resumed with queued design points: those go first
+    ran = [t.user_attrs.get("seed_point") for t in study.get_trials(deepcopy=False)]
     tuned = {p.name for p in prep.params}
     out = []
     for point, why in seeds(prep.params, prep.ctx):
@@ -984,7 +990,8 @@ def knee(front: list[TrialRecord]) -> TrialRecord | None:
 
 def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     cfg = prep.cfg
-    trials = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
+    trials = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)
+              if t.state != TrialState.WAITING]  # queued, never run
     _export_trials(study, prep.study_dir / "trials.csv")
     best = _best(study, cfg.pick)
     feasible = [r for r in trials if r.feasible and r.status == "ok"]

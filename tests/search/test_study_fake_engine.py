@@ -316,6 +316,26 @@ def test_engine_seeds_run_after_the_baseline_and_before_the_design(fake, monkeyp
     assert sum(t.params == {"delay_ms": 1} for t in res2.trials) == 1
 
 
+def test_a_seed_left_for_a_resume_runs_as_itself(fake, monkeypatch):
+    """A first run that ends at the baseline queues nothing; the resume runs
+    the seed as its own trial (not a queued design point in its place), and
+    the sampler never sees it as a point of the space."""
+    import optuna
+
+    from qtune.search import open_storage
+
+    monkeypatch.setitem(ENGINES, "fake", SeedingEngine())
+    cfg = dataclasses.replace(fake, trials=1, sampler="tpe", confirm_top=0, study="seed2")
+    res = tune(cfg)
+    assert [t.baseline for t in res.trials] == [True]
+    res2 = tune(dataclasses.replace(cfg, trials=4))
+    assert res2.trials[1].params == {"delay_ms": 1}
+    study = optuna.load_study(study_name="seed2", storage=open_storage(res2.storage))
+    seed = study.trials[1]
+    assert seed.user_attrs["seed_point"] == {"delay_ms": 1} and seed.params == {}
+    assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+
+
 def test_an_improvement_inside_the_noise_is_flagged():
     from types import SimpleNamespace
 
