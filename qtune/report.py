@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from qtune.errors import StudyError
-from qtune.search import TrialRecord, open_storage
+from qtune.search import TrialRecord, open_storage, ran_trials
 
 
 def load_study(name: str, storage: str | None, studies_dir: Path = Path("studies")
@@ -39,9 +39,7 @@ def trials_frame(study: optuna.Study) -> Any:
     import pandas as pd
 
     rows = []
-    for t in study.get_trials(deepcopy=False):
-        if t.state == optuna.trial.TrialState.WAITING:
-            continue  # queued (a design point) but never run: not a trial yet
+    for t in ran_trials(study):
         r = TrialRecord.from_frozen(t)
         s = r.summary or {}
         row: dict[str, Any] = {

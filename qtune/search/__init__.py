@@ -375,18 +375,8 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     )
     if not has_baseline and launched_count() < cfg.trials:
         base_params, note = prep.engine.baseline(prep.ctx)
-        # Queued, so that no sampler spends one of its points on it (the
-        # grid sampler would otherwise assign it a grid cell).
-        study.enqueue_trial({}, user_attrs={"baseline": True})
-        trial = study.ask()
-        trial.set_user_attr("baseline", True)
-        if note:
-            trial.set_user_attr("baseline_note", note)
-        params = {**base_params, **prep.fixed}
-        est = _estimate(prep, params)
-        if est is not None:
-            trial.set_user_attr("memory_estimate", est.as_dict())
-        _run_trial(prep, study, trial, params, reporter)
+        _run_unsampled(prep, study, reporter, {**base_params, **prep.fixed},
+                       {"baseline": True, **({"baseline_note": note} if note else {})})
 
     prep = _shape(prep, study, reporter)
     dists = distributions(prep.params)
@@ -405,19 +395,11 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     for point, why in _pending_seeds(prep, study):
         if launched_count() >= cfg.trials or (stop_reason := over_budget()):
             break
-        # Param-less in Optuna, like the baseline (its launch params are kept
-        # in its attributes): queued, so no sampler spends a point on it, and
-        # not modelled, since TPE's groups would split its one param off from
-        # the rest.  The queue is empty here (_pending_seeds), so ask() returns
-        # this trial and not a queued design point.
-        study.enqueue_trial({}, user_attrs={"seed": why, "seed_point": point})
-        trial = study.ask()
-        reporter.note(f"trial {trial.number}: {why}")
-        params = {**point, **prep.fixed}
-        est = _estimate(prep, params)
-        if est is not None:
-            trial.set_user_attr("memory_estimate", est.as_dict())
-        _run_trial(prep, study, trial, params, reporter)
+        # Param-less like the baseline: TPE's groups would otherwise split
+        # its one param off from the rest.  The queue is empty here
+        # (_pending_seeds), so ask() returns this trial.
+        _run_unsampled(prep, study, reporter, {**point, **prep.fixed},
+                       {"seed": why, "seed_point": point}, note=why)
     if not stop_reason and launched_count() < cfg.trials:
         # Queued only when the loop will take them: a queued point left over
         # would come out of a later ask() in place of what was queued then.
@@ -476,6 +458,31 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     res = _finish(prep, study)
     res.stop_reason = stop_reason
     return res
+
+
+def _run_unsampled(prep: Prepared, study: optuna.Study, reporter: Reporter,
+                   params: dict[str, Any], attrs: dict[str, Any],
+                   note: str | None = None) -> None:
+    """Launch a trial no sampler chose (the baseline, an engine seed).  It is
+    queued without params, so that no sampler spends one of its points on it
+    (the grid sampler would otherwise assign it a grid cell) or models it;
+    its launch params are kept in its attributes."""
+    study.enqueue_trial({}, user_attrs=attrs)
+    trial = study.ask()
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
+    if note:
+        reporter.note(f"trial {trial.number}: {note}")
+    est = _estimate(prep, params)
+    if est is not None:
+        trial.set_user_attr("memory_estimate", est.as_dict())
+    _run_trial(prep, study, trial, params, reporter)
+
+
+def ran_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The study's trials without the queued ones that never ran (design
+    points left when a budget ended)."""
+    return [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
 
 
 def _learned_refusal(study: optuna.Study, params: dict[str, Any]) -> str | None:
@@ -990,8 +997,7 @@ def knee(front: list[TrialRecord]) -> TrialRecord | None:
 
 def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     cfg = prep.cfg
-    trials = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)
-              if t.state != TrialState.WAITING]  # queued, never run
+    trials = [TrialRecord.from_frozen(t) for t in ran_trials(study)]
     _export_trials(study, prep.study_dir / "trials.csv")
     best = _best(study, cfg.pick)
     feasible = [r for r in trials if r.feasible and r.status == "ok"]
