@@ -152,9 +152,10 @@ class Engine(Protocol):
     # by which a config asks for memory at start, when a start failed because
     # it asked for more than was free (any larger ask fails too).  The search
     # then refuses, without a launch, configs that ask at least as much.
-    # Optional: ``seeds(params, ctx) -> list[(point, why)]``, informed first
-    # points (a few of the tuned params set, the rest at the engine's
-    # defaults) run right after the baseline, before the sampler's own.
+    # Optional: ``seeds(params, ctx, fixed) -> list[(point, why)]``, informed
+    # first points (a few of the tuned params set, the rest at the engine's
+    # defaults or the user's fixed values) run right after the baseline,
+    # before the sampler's own.
     # Optional: ``gpus_used(params) -> int``, the GPUs a config occupies (for
     # NUMA placement); 1 when absent.
 

@@ -92,7 +92,11 @@ _SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # read.  vLLM's fused all-reduce (TP > 1) picks FlashInfer's "mnnvl" backend
 # by itself, and that one creates multicast objects of its own: seen on
 # 2xH200, where it then died with an illegal memory access.  FlashInfer's
-# "trtllm" backend uses PyTorch's symmetric memory, which honours them.
+# "trtllm" backend uses PyTorch's symmetric memory, which honours them, but on
+# the same host it then hung at start (no log line for 145 s after choosing
+# it).  So there qtune turns the fusion pass off where the installed vLLM
+# names it, and TP all-reduce falls back to vLLM's own CUDA-IPC kernel; the
+# backend pin stays for versions without that pass name.
 _NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
 _FI_ALLREDUCE = "VLLM_FLASHINFER_ALLREDUCE_BACKEND"
@@ -216,19 +220,25 @@ class VLLM:
         return params
 
     @staticmethod
-    def seeds(params: list[Param], ctx: SpaceContext) -> list[tuple[dict[str, Any], str]]:
-        """On a multi-GPU host, the engine defaults with one replica per GPU
-        first: the first thing an engineer tries with a model that fits one
-        GPU, and measured on 2xH200 (Qwen3-4B shape, 40 req/s) at p99 E2E
-        2.0-2.4 s against 15.3 s for one GPU, while a sampled first point
-        spends the short GPU budget elsewhere.  The search skips it when it
-        fails ``check`` or the memory estimate (unless --no-memory-check)."""
+    def seeds(params: list[Param], ctx: SpaceContext,
+              fixed: Mapping[str, Any] | None = None) -> list[tuple[dict[str, Any], str]]:
+        """On a multi-GPU host, the engine defaults with as many replicas as
+        the GPUs hold (one per GPU, or per TP group when the user fixed
+        tensor_parallel_size) first: the first thing an engineer tries with a
+        model that fits, and measured on 2xH200 (Qwen3-4B shape, 40 req/s) at
+        p99 E2E 2.0-3.3 s against 15.3-18.7 s for one GPU, while a sampled
+        first point spends the short GPU budget elsewhere.  The search skips
+        it when it fails ``check`` or the memory estimate (unless
+        --no-memory-check)."""
         dp = next((p for p in params if p.name == "data_parallel_size"), None)
-        if dp is None or not dp.choices:
+        tp = int((fixed or {}).get("tensor_parallel_size", 1))
+        fit = [c for c in (dp.choices if dp else ()) if c * tp <= len(ctx.host.gpus)]
+        if not fit or max(fit) < 2:
             return []
-        n = max(dp.choices)
+        n = max(fit)
+        per = "GPU" if tp == 1 else f"{tp} GPUs"
         return [({"data_parallel_size": n},
-                 f"the engine defaults with {n} replicas, one per GPU")]
+                 f"the engine defaults with {n} replicas, one per {per}")]
 
     @staticmethod
     def gpus_used(params: Mapping[str, Any]) -> int:
@@ -394,6 +404,11 @@ class VLLM:
         if (int(params.get("tensor_parallel_size", 1)) > 1 and _FI_ALLREDUCE not in os.environ
                 and _multicast_forbidden(os.environ)):
             env[_FI_ALLREDUCE] = "trtllm"
+            cc = (ctx.engine_args or {}).get("compilation_config") or {}
+            if ("fuse_allreduce_rms" in (cc.get("pass_config_fields") or ())
+                    and "compilation_config" not in params):
+                argv += [cc.get("flag", "--compilation-config"),
+                         '{"pass_config":{"fuse_allreduce_rms":false}}']
         for name, value in sorted(params.items()):
             if name == "quantization" and value == "none":
                 continue  # the model's own dtype: vLLM has no "none" value

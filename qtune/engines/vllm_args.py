@@ -47,6 +47,16 @@ for a in p._actions:
     out[a.dest] = {"flag": a.option_strings[0], "kind": kind, "default": default,
                    "choices": [c for c in a.choices] if a.choices else None,
                    "nargs": a.nargs if isinstance(a.nargs, (int, str, type(None))) else None}
+# The compilation passes this version knows (not flags of their own): the
+# adapter turns one off by name, so it must know the name exists here.
+try:
+    import dataclasses
+    from vllm.config import PassConfig
+    if "compilation_config" in out:
+        out["compilation_config"]["pass_config_fields"] = [
+            f.name for f in dataclasses.fields(PassConfig)]
+except Exception:
+    pass
 print("QTUNE-ARGS" + json.dumps(out, default=str))
 """
 
@@ -56,7 +66,7 @@ def engine_args(install: EngineInstall, timeout: float = 180.0) -> dict[str, Any
     (qtune then uses its built-in space for vLLM 0.32)."""
     if install.python is None:
         return None
-    path = cache_dir() / "engines" / f"vllm-{install.version}-{install.build}-args.json"
+    path = cache_dir() / "engines" / f"vllm-{install.version}-{install.build}-args-v2.json"
     if path.is_file():
         try:
             return json.loads(path.read_text())

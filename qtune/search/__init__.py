@@ -533,7 +533,7 @@ def _pending_seeds(prep: Prepared, study: optuna.Study) -> list[tuple[dict[str, 
     ran = [t.user_attrs.get("seed_point") for t in study.get_trials(deepcopy=False)]
     tuned = {p.name for p in prep.params}
     out = []
-    for point, why in seeds(prep.params, prep.ctx):
+    for point, why in seeds(prep.params, prep.ctx, prep.fixed):
         if point in ran or not set(point) <= tuned:
             continue
         full = {**point, **prep.fixed}

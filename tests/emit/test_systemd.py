@@ -84,3 +84,17 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
                         str(unit)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "qtune-test.service" not in r.stderr, r.stderr
+
+
+EXAMPLES = sorted((__import__("pathlib").Path(__file__).parents[2] / "examples").glob("*/*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.parent.name)
+def test_worked_examples_still_load_and_emit_their_committed_unit(path):
+    """The GPU worked examples are profiles written on the device: they must
+    keep loading under the current schema and emit the unit committed next
+    to them (a change to either shows here, not in a user's deploy)."""
+    from qtune.profile import Profile
+
+    unit = path.with_suffix(".service")
+    assert emit(Profile.load(path), "systemd") == unit.read_text()

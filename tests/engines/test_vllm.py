@@ -56,6 +56,24 @@ def test_gpu_space_tp_divides_heads(cpu_ctx):
     assert [p for p, _ in VLLM().seeds(list(space.values()), ctx)] == [
         {"data_parallel_size": 2}]
     assert VLLM().seeds(VLLM().space(cpu_ctx), cpu_ctx) == []
+    # With TP fixed at 2 on 3 GPUs no second replica fits: no seed, rather
+    # than one that fails check.
+    assert VLLM().seeds(list(space.values()), ctx, {"tensor_parallel_size": 2}) == []
+
+
+def test_seed_fills_the_gpus_around_a_fixed_tensor_parallel_size(cpu_ctx):
+    from qtune.host.gpu import GPU, GPUReport
+
+    gpus = [GPU(i, "NVIDIA H200", f"GPU-{i}", 150 * 2**30, 150 * 2**30, "9.0",
+                f"0000:0{i}:00.0", 0, [], 5, 16, 5, 16) for i in range(8)]
+    host = dataclasses.replace(cpu_ctx.host, gpu=GPUReport(gpus, "580", "13.0", None))
+    ctx = dataclasses.replace(cpu_ctx, host=host,
+                              install=dataclasses.replace(cpu_ctx.install, build="cuda"))
+    params = [p for p in VLLM().space(ctx) if p.name != "tensor_parallel_size"]
+    (point, why), = VLLM().seeds(params, ctx, {"tensor_parallel_size": 2})
+    assert point == {"data_parallel_size": 4} and "one per 2 GPUs" in why
+    assert not VLLM().check({**point, "tensor_parallel_size": 2}, ctx)
+    assert VLLM().seeds(params, ctx)[0][0] == {"data_parallel_size": 8}
 
 
 def test_tp_pins_an_allreduce_without_multicast_where_the_host_forbids_it(
@@ -71,12 +89,25 @@ def test_tp_pins_an_allreduce_without_multicast_where_the_host_forbids_it(
     def env(params):
         return VLLM().launch_spec(params, ctx, host="127.0.0.1", port=1).env
 
+    def argv(params, fields=("fuse_allreduce_rms",)):
+        args = {"compilation_config": {"flag": "--compilation-config", "kind": "str",
+                                       "pass_config_fields": list(fields)}}
+        c = dataclasses.replace(ctx, engine_args=args)
+        return VLLM().launch_spec(params, c, host="127.0.0.1", port=1).argv
+
     for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
               "NVSHMEM_DISABLE_NVLS", "VLLM_FLASHINFER_ALLREDUCE_BACKEND"):
         monkeypatch.delenv(k, raising=False)
     assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env({"tensor_parallel_size": 2})
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     assert env({"tensor_parallel_size": 2})["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "trtllm"
+    # Where the installed vLLM names the fused all-reduce pass, it is turned
+    # off (trtllm hung at start on that host); an older vLLM only gets the pin.
+    off = '{"pass_config":{"fuse_allreduce_rms":false}}'
+    a = argv({"tensor_parallel_size": 2})
+    assert a[a.index("--compilation-config") + 1] == off
+    assert "--compilation-config" not in argv({"tensor_parallel_size": 2}, fields=())
+    assert "--compilation-config" not in argv({"tensor_parallel_size": 1})
     assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env({"data_parallel_size": 2})
     monkeypatch.setenv("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "mnnvl")  # the user's choice
     assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env({"tensor_parallel_size": 2})

@@ -293,7 +293,8 @@ class SeedingEngine(FakeEngine):
     """Informed first points: one that runs, one the engine refuses and one
     outside the tuned space (both skipped without a launch)."""
 
-    def seeds(self, params: list[Param], ctx: SpaceContext) -> list[tuple[dict, str]]:
+    def seeds(self, params: list[Param], ctx: SpaceContext,
+              fixed: dict | None = None) -> list[tuple[dict, str]]:
         return [({"delay_ms": 1}, "the fast setting first"),
                 ({"slots": 7}, "refused by check"),
                 ({"nope": 1}, "not a tuned param")]
