@@ -413,10 +413,14 @@ def _bench_csv(res: dict[str, Any]) -> str:
 @app.command()
 def emit(
     profile: Annotated[Path, typer.Argument(help="Profile YAML from qtune search.")],
-    format: Annotated[str, typer.Option("--format", "-f", help="systemd")] = "systemd",
+    format: Annotated[str, typer.Option(
+        "--format", "-f", help="systemd | compose | kubernetes")] = "systemd",
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write here (atomically).")
     ] = None,
+    image: Annotated[str | None, typer.Option(
+        help="Container image for compose/kubernetes (default: the engine's "
+             "published image at the tuned version).")] = None,
     json_out: JsonOut = False,
 ) -> None:
     """Turn a profile into a deployable unit (printed, or written with -o)."""
@@ -424,7 +428,7 @@ def emit(
     from qtune.emit import emit as do_emit
     from qtune.profile import Profile, write_atomic
 
-    text = do_emit(Profile.load(profile), format)
+    text = do_emit(Profile.load(profile), format, image)
     if output is not None:
         write_atomic(output, text)
         if not json_out:

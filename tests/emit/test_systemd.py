@@ -86,15 +86,20 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
     assert "qtune-test.service" not in r.stderr, r.stderr
 
 
-EXAMPLES = sorted((__import__("pathlib").Path(__file__).parents[2] / "examples").glob("*/*.yaml"))
+EXAMPLES = sorted(p.with_suffix(".yaml") for p in (
+    __import__("pathlib").Path(__file__).parents[2] / "examples").glob("*/*.service"))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.parent.name)
-def test_worked_examples_still_load_and_emit_their_committed_unit(path):
+def test_worked_examples_still_load_and_emit_their_committed_files(path):
     """The GPU worked examples are profiles written on the device: they must
-    keep loading under the current schema and emit the unit committed next
-    to them (a change to either shows here, not in a user's deploy)."""
+    keep loading under the current schema and emit the unit (and Compose file
+    and manifests, where committed) next to them: a change to either shows
+    here, not in a user's deploy."""
     from qtune.profile import Profile
 
-    unit = path.with_suffix(".service")
-    assert emit(Profile.load(path), "systemd") == unit.read_text()
+    profile = Profile.load(path)
+    assert emit(profile, "systemd") == path.with_suffix(".service").read_text()
+    for fmt, name in (("compose", "docker-compose.yml"), ("kubernetes", "kubernetes.yml")):
+        if (path.parent / name).is_file():
+            assert emit(profile, fmt) == (path.parent / name).read_text()

@@ -1,0 +1,53 @@
+"""Docker Compose service for a profile (see ``container`` for what changes
+between the host and the container).
+
+Compose interpolates ``$`` in every value, so each is written ``$$``.  GPUs
+are reserved by count (``capabilities: [gpu]`` is required by Compose);
+``ipc: host`` gives PyTorch the shared memory its processes pass tensors
+through (Docker's default /dev/shm is 64 MB).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qtune.emit.container import container_view, dump
+from qtune.profile import Profile
+
+
+def _esc(value: str) -> str:
+    return value.replace("$", "$$")
+
+
+def render(profile: Profile, image: str | None = None) -> str:
+    c = container_view(profile, image)
+    svc: dict[str, Any] = {
+        "image": c.image,
+        "entrypoint": [_esc(a) for a in c.command],
+        "command": [_esc(a) for a in c.args],
+    }
+    if c.env:
+        svc["environment"] = {k: _esc(v) for k, v in c.env.items()}
+    svc["ipc"] = "host"
+    # Loopback, as the tuned server and the systemd unit: expose it on
+    # purpose (a proxy, or another address here).
+    svc["ports"] = [f"127.0.0.1:{c.port}:{c.port}"]
+    svc["volumes"] = [f"{_esc(m.host)}:{m.container}:ro" for m in c.mounts] + [
+        "vllm-cache:/root/.cache/vllm"]  # compile caches: faster restarts
+    if c.cpus:
+        svc["cpuset"] = c.cpus
+    if c.gpus:
+        svc["deploy"] = {"resources": {"reservations": {"devices": [
+            {"driver": "nvidia", "count": c.gpus, "capabilities": ["gpu"]}]}}}
+    svc["healthcheck"] = {
+        # The image has python3 but maybe not curl.
+        "test": ["CMD", "python3", "-c", "import urllib.request; urllib.request."
+                 f"urlopen('http://localhost:{c.port}/health', timeout=5)"],
+        "interval": "30s", "timeout": "10s", "retries": 3,
+        "start_period": f"{c.start_timeout_s}s",
+    }
+    svc["restart"] = "unless-stopped"
+    svc["stop_grace_period"] = "2m"
+    doc = {"services": {c.name: svc}, "volumes": {"vllm-cache": {}}}
+    return dump(c.header + ["secrets (HF_TOKEN) come from the shell that runs compose, "
+                            "never this file"], [doc])

@@ -1,0 +1,80 @@
+"""Kubernetes Deployment and Service for a profile (see ``container`` for
+what changes between the host and the container).
+
+- GPUs as the ``nvidia.com/gpu`` extended resource (requests = limits);
+- ``/dev/shm`` as a memory-backed emptyDir (a pod's default is 64 MB);
+- a startupProbe sized from the tuned start time, so the kubelet does not
+  kill a server that is still loading (vLLM's guide names that failure), then
+  readiness and liveness on ``/health``;
+- ``Recreate``: a rolling update would need the GPUs twice;
+- the model folder is a hostPath, as tuned on this host: use a PVC where the
+  model lives on shared storage;
+- ``HF_TOKEN`` from an optional Secret ``hf-token`` (key ``token``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qtune.emit.container import container_view, dump, probe_failures, shm_gib
+from qtune.profile import Profile
+
+
+def render(profile: Profile, image: str | None = None) -> str:
+    c = container_view(profile, image)
+    labels = {"app.kubernetes.io/name": c.name, "app.kubernetes.io/managed-by": "qtune"}
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in c.env.items()]
+    env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+        "name": "hf-token", "key": "token", "optional": True}}})
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_gib(c)}Gi"}}]
+    for m in c.mounts:
+        mounts.append({"name": m.name, "mountPath": m.container, "readOnly": True})
+        volumes.append({"name": m.name, "hostPath": {"path": m.host, "type": "Directory"}})
+    mounts.append({"name": "vllm-cache", "mountPath": "/root/.cache/vllm"})
+    volumes.append({"name": "vllm-cache", "emptyDir": {}})
+    health = {"httpGet": {"path": "/health", "port": "http"}}
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": c.image,
+        "command": c.command,
+        "args": c.args,
+        "env": env,
+        "ports": [{"name": "http", "containerPort": c.port}],
+        "volumeMounts": mounts,
+        "startupProbe": {**health, "periodSeconds": 10,
+                         "failureThreshold": probe_failures(c, 10)},
+        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
+    }
+    if c.gpus:
+        gpus = {"nvidia.com/gpu": str(c.gpus)}
+        container["resources"] = {"limits": gpus, "requests": dict(gpus)}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": c.name, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": {"app.kubernetes.io/name": c.name}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [container], "volumes": volumes,
+                         "terminationGracePeriodSeconds": 120},
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": c.name, "labels": labels},
+        "spec": {"selector": {"app.kubernetes.io/name": c.name},
+                 "ports": [{"name": "http", "port": c.port, "targetPort": "http"}]},
+    }
+    head = list(c.header)
+    if c.cpus:
+        head.append(f"NUMA: tuned on CPUs {c.cpus}; in Kubernetes, the kubelet's "
+                    "Topology Manager (single-numa-node) places the pod")
+    return dump(head, [deployment, service])

@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qtune.emit import emit
+from qtune.emit.container import container_view
+from qtune.errors import InputError
+from qtune.profile import Profile
+from tests.test_profile import sample_profile
+
+EXAMPLE_GPU = Path(__file__).parents[2] / "examples" / "h200x2-qwen3-4b" / "h200-qwen3-4b.yaml"
+HF_SNAPSHOT = "/home/u/.cache/huggingface/hub/models--Qwen--Qwen3-4B/snapshots/abc123"
+
+
+def awkward_profile(**over) -> Profile:
+    """A GPU profile with a Hub-cache model, a separate tokenizer folder, a
+    host-only PYTHONPATH, a `$` and a `%` in argv, and a NUMA placement."""
+    base = sample_profile()
+    argv = base.argv[:3] + ["--model", HF_SNAPSHOT, "--tokenizer", "/opt/tok",
+                            "--host", "127.0.0.1", "--port", "8123",
+                            "--tensor-parallel-size", "2", "-cc", '{"x": "50%"}', "--y", "$z"]
+    data = base.model_dump() | {
+        "engine": {"name": "vllm", "version": "0.26.0", "build": "cuda"},
+        "params": {"tensor_parallel_size": 2, "data_parallel_size": 2},
+        "env": {"HF_HUB_OFFLINE": "1", "PYTHONPATH": "/host/site", "A": "$B"},
+        "argv": argv,
+        "placement": {"numa_node": 1, "cpus": "16-31", "why": "GPUs on node 1"},
+    } | over
+    return Profile.model_validate(data)
+
+
+def test_view_maps_host_paths_ports_gpus_and_env():
+    c = container_view(awkward_profile())
+    assert c.image == "vllm/vllm-openai:v0.26.0"
+    assert c.command == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    # A Hub snapshot is symlinks into blobs/: its whole cache is mounted.
+    hf = next(m for m in c.mounts if m.name == "hf-cache")
+    assert hf.host == "/home/u/.cache/huggingface"
+    assert c.args[c.args.index("--model") + 1] == (
+        "/root/.cache/huggingface/hub/models--Qwen--Qwen3-4B/snapshots/abc123")
+    assert c.args[c.args.index("--tokenizer") + 1] == "/models/tokenizer-tok"
+    assert c.args[c.args.index("--host") + 1] == "0.0.0.0"
+    assert c.port == 8123 and c.gpus == 4 and c.cpus == "16-31"
+    assert "PYTHONPATH" not in c.env and c.env["A"] == "$B"
+    cpu = container_view(sample_profile())
+    assert cpu.gpus == 0 and cpu.image.endswith("vllm-cpu-release-repo:v0.32.0")
+    assert container_view(sample_profile(), image="my/vllm:1").image == "my/vllm:1"
+
+
+def test_compose_escapes_dollars_and_reserves_gpus():
+    doc = yaml.safe_load(emit(awkward_profile(), "compose"))
+    (name, svc), = doc["services"].items()
+    assert name == "tiny-test"
+    assert svc["command"][-1] == "$$z" and svc["environment"]["A"] == "$$B"
+    assert svc["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "count": 4, "capabilities": ["gpu"]}]
+    assert svc["cpuset"] == "16-31" and svc["ports"] == ["127.0.0.1:8123:8123"]
+    assert "/home/u/.cache/huggingface:/root/.cache/huggingface:ro" in svc["volumes"]
+    assert svc["healthcheck"]["start_period"] == "600s"
+
+
+def test_kubernetes_sizes_probes_from_the_tuned_start_and_reads_the_token_from_a_secret():
+    dep, svc = yaml.safe_load_all(emit(awkward_profile(
+        metrics={**sample_profile().metrics, "startup_s": 300.0}), "kubernetes"))
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "4"} == c["resources"]["requests"]
+    # 4 x 300 s = 1200 s of start allowance, probed every 10 s.
+    assert c["startupProbe"]["failureThreshold"] == 120
+    token = next(e for e in c["env"] if e["name"] == "HF_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"]["optional"] is True
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
+    assert svc["spec"]["ports"][0]["port"] == 8123
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_no_secret_or_host_install_reaches_a_container_file():
+    for fmt in ("compose", "kubernetes"):
+        text = emit(awkward_profile(), fmt)
+        assert "/host/site" not in text and "&id" not in text
+
+
+@pytest.mark.parametrize(("fmt", "kwargs", "needle"), [
+    ("docker", {}, "compose, kubernetes, systemd"),
+    ("systemd", {"image": "x/y:1"}, "compose and kubernetes"),
+])
+def test_bad_format_or_option(fmt, kwargs, needle):
+    with pytest.raises(InputError) as e:
+        emit(sample_profile(), fmt, **kwargs)
+    assert needle in (e.value.hint or "")
+
+
+def test_a_command_that_is_not_a_module_is_refused_with_a_hint():
+    p = sample_profile(argv=["/usr/bin/text-generation-launcher", "--model-id", "x"])
+    with pytest.raises(InputError, match="python -m") as e:
+        emit(p, "kubernetes")
+    assert "systemd" in e.value.hint
+    p = sample_profile(engine={"name": "tgi", "version": "3", "build": "cuda"})
+    with pytest.raises(InputError, match="no published image") as e:
+        emit(p, "compose")
+    assert "--image" in e.value.hint
+
+
+@pytest.mark.parametrize("path", [EXAMPLE_GPU, awkward_profile])
+def test_kubernetes_manifests_pass_the_api_schema(path):
+    kubernetes_validate = pytest.importorskip(
+        "kubernetes_validate", reason="the test extra installs kubernetes-validate")
+    profile = path() if callable(path) else Profile.load(path)
+    for doc in yaml.safe_load_all(emit(profile, "kubernetes")):
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None,
+                    reason="docker-compose not installed (scripts/test.sh installs it)")
+@pytest.mark.parametrize("path", [EXAMPLE_GPU, awkward_profile])
+def test_compose_file_passes_docker_compose_config(path, tmp_path):
+    profile = path() if callable(path) else Profile.load(path)
+    f = tmp_path / "compose.yaml"
+    f.write_text(emit(profile, "compose"))
+    r = subprocess.run(["docker-compose", "-f", str(f), "config", "-q"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
