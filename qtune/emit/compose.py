@@ -26,14 +26,19 @@ def render(profile: Profile, image: str | None = None) -> str:
         "entrypoint": [_esc(a) for a in c.command],
         "command": [_esc(a) for a in c.args],
     }
-    if c.env:
-        svc["environment"] = {k: _esc(v) for k, v in c.env.items()}
+    # HF_TOKEN with no value: passed through from the shell that runs
+    # compose when set there, and never written here.
+    svc["environment"] = {**{k: _esc(v) for k, v in c.env.items()}, "HF_TOKEN": None}
     svc["ipc"] = "host"
     # Loopback, as the tuned server and the systemd unit: expose it on
     # purpose (a proxy, or another address here).
     svc["ports"] = [f"127.0.0.1:{c.port}:{c.port}"]
-    svc["volumes"] = [f"{_esc(m.host)}:{m.container}:ro" for m in c.mounts] + [
-        "vllm-cache:/root/.cache/vllm"]  # compile caches: faster restarts
+    # The long form: a path with ':' breaks the short one.
+    svc["volumes"] = [
+        {"type": "bind", "source": _esc(m.host), "target": _esc(m.container), "read_only": True}
+        for m in c.mounts] + [
+        # compile caches: faster restarts
+        {"type": "volume", "source": "vllm-cache", "target": "/root/.cache/vllm"}]
     if c.cpus:
         svc["cpuset"] = c.cpus
     if c.gpus:
@@ -49,5 +54,5 @@ def render(profile: Profile, image: str | None = None) -> str:
     svc["restart"] = "unless-stopped"
     svc["stop_grace_period"] = "2m"
     doc = {"services": {c.name: svc}, "volumes": {"vllm-cache": {}}}
-    return dump(c.header + ["secrets (HF_TOKEN) come from the shell that runs compose, "
-                            "never this file"], [doc])
+    return dump(c.header + ["secrets: HF_TOKEN comes from the shell that runs compose, "
+                            "never from this file"], [doc])

@@ -6,18 +6,20 @@ image's own entrypoint (``vllm serve`` in recent vLLM images) does not
 matter.  What has to change between the host and a container:
 
 - the model and tokenizer folders are host paths: they are mounted read-only
-  and the arguments rewritten to the container paths (a Hugging Face cache
-  snapshot is mounted with its whole cache, since snapshots are symlinks into
-  ``blobs/``);
+  and the arguments rewritten to the container paths.  A Hugging Face cache
+  snapshot brings its repo folder (``models--org--name``: snapshots are
+  symlinks into its ``blobs/``), and only that: not the cache's token file;
 - ``--host`` becomes 0.0.0.0 (the port is published or fronted by a Service);
 - ``PYTHONPATH`` names the host's install: dropped, the image has its own.
 
 Secrets are never written: the Kubernetes manifest reads ``HF_TOKEN`` from an
-optional Secret; for Compose the token comes from the deploying shell.
+optional Secret; Compose passes ``HF_TOKEN`` through from the shell that runs
+it, when set there.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -74,9 +76,16 @@ def dump(header: list[str], docs: list[dict]) -> str:
 
 
 def dns_name(text: str) -> str:
-    """A DNS-1123 label (Kubernetes names, Compose service names)."""
-    s = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:63].rstrip("-")
-    return s or "qtune"
+    """A name Kubernetes takes for a Service (DNS-1035: starts with a letter,
+    at most 63 characters) and Compose for a service.  A long name keeps a
+    hash of the whole, so that profiles differing only at the end (the load,
+    the objective) do not overwrite each other's Deployment."""
+    s = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    if not s or not s[0].isalpha():
+        s = "q-" + s
+    if len(s) > 63:
+        s = s[:54].rstrip("-") + "-" + hashlib.sha1(text.encode()).hexdigest()[:8]
+    return s
 
 
 def gpus_used(profile: Profile) -> int:
@@ -88,20 +97,32 @@ def gpus_used(profile: Profile) -> int:
     return n
 
 
-def _mount_for(path: str, role: str, taken: dict[str, Mount]) -> tuple[Mount, str]:
-    """The mount that makes host ``path`` visible, and its container path."""
+def _mount_for(path: str, role: str, taken: list[Mount]) -> tuple[Mount, str]:
+    """The mount that makes host ``path`` visible, and its container path.
+    One mount per host folder; two folders never share a container path or
+    a volume name."""
     p = PurePosixPath(path)
     parts = p.parts
-    if "hub" in parts and any(x.startswith("models--") for x in parts):
-        i = parts.index("hub")
-        root = str(PurePosixPath(*parts[:i]))
-        m = Mount(root, _CACHE_IN_IMAGE, "hf-cache")
-        return m, str(PurePosixPath(_CACHE_IN_IMAGE, *parts[i:]))
-    dest = f"/models/{p.name}" if role == "model" else f"/models/tokenizer-{p.name}"
-    m = Mount(str(p), dest, dns_name(f"{role}-{p.name}"))
-    if m.name in taken and taken[m.name].host != m.host:
-        m = Mount(str(p), dest + "-2", m.name + "-2")
-    return m, dest
+    repo = next((i for i in range(len(parts) - 1) if parts[i].startswith("models--")
+                 and parts[i + 1] == "snapshots"), None)
+    if repo is not None:
+        host = str(PurePosixPath(*parts[:repo + 1]))
+        root = f"{_CACHE_IN_IMAGE}/hub/{parts[repo]}"
+        inner = str(PurePosixPath(*parts[repo + 1:]))
+        name = dns_name("hf-" + parts[repo][len("models--"):])
+    else:
+        host, inner = str(p), ""
+        root = f"/models/{p.name}" if role == "model" else f"/models/tokenizer-{p.name}"
+        name = dns_name(f"{role}-{p.name}")
+    same = next((m for m in taken if m.host == host), None)
+    if same is None:
+        n, base_root, base_name = 2, root, name
+        while any(m.container == root or m.name == name for m in taken):
+            root, name = f"{base_root}-{n}", dns_name(f"{base_name}-{n}")
+            n += 1
+        same = Mount(host, root, name)
+        taken.append(same)
+    return same, f"{same.container}/{inner}" if inner else same.container
 
 
 def container_view(profile: Profile, image: str | None = None) -> Container:
@@ -121,10 +142,12 @@ def container_view(profile: Profile, image: str | None = None) -> Container:
                 hint="name one with --image REPO:TAG",
             )
         image = pattern.format(version=profile.engine.version.split("+")[0])
-    mounts: dict[str, Mount] = {}
+    mounts: list[Mount] = []
     args: list[str] = []
     port = 8000
-    rest = argv[3:]
+    # --flag=value is one word to argparse and two here.
+    rest = [w for a in argv[3:] for w in (
+        a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
     i = 0
     while i < len(rest):
         a = rest[i]
@@ -135,9 +158,13 @@ def container_view(profile: Profile, image: str | None = None) -> Container:
             continue
         if a == "--port" and val is not None:
             port = int(val)
-        if a in ("--model", "--tokenizer") and val is not None and val.startswith("/"):
-            m, dest = _mount_for(val, a[2:], mounts)
-            mounts.setdefault(m.name, m)
+        if a in ("--model", "--tokenizer") and val is not None:
+            if not val.startswith("/"):
+                raise InputError(
+                    f"profile {profile.name}: {a} {val} is a relative path; a container "
+                    "needs the host folder to mount",
+                    hint="re-run qtune search (it writes absolute paths) or fix the profile")
+            _, dest = _mount_for(val, a[2:], mounts)
             args += [a, dest]
             i += 2
             continue
@@ -156,7 +183,7 @@ def container_view(profile: Profile, image: str | None = None) -> Container:
         env=env,
         port=port,
         gpus=gpus_used(profile),
-        mounts=list(mounts.values()),
+        mounts=mounts,
         cpus=place.get("cpus") if place.get("numa_node") is not None else None,
         start_timeout_s=start_timeout(profile),
         header=header,

@@ -20,10 +20,15 @@ from qtune.emit.container import container_view, dump, probe_failures, shm_gib
 from qtune.profile import Profile
 
 
+def _esc(value: str) -> str:
+    """Kubernetes expands $(VAR) in command, args and env values."""
+    return value.replace("$(", "$$(")
+
+
 def render(profile: Profile, image: str | None = None) -> str:
     c = container_view(profile, image)
     labels = {"app.kubernetes.io/name": c.name, "app.kubernetes.io/managed-by": "qtune"}
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in c.env.items()]
+    env: list[dict[str, Any]] = [{"name": k, "value": _esc(v)} for k, v in c.env.items()]
     env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
         "name": "hf-token", "key": "token", "optional": True}}})
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
@@ -38,8 +43,8 @@ def render(profile: Profile, image: str | None = None) -> str:
     container: dict[str, Any] = {
         "name": "engine",
         "image": c.image,
-        "command": c.command,
-        "args": c.args,
+        "command": [_esc(a) for a in c.command],
+        "args": [_esc(a) for a in c.args],
         "env": env,
         "ports": [{"name": "http", "containerPort": c.port}],
         "volumeMounts": mounts,

@@ -16,6 +16,7 @@ Facts used here (vLLM 0.32; engines.md §1-4):
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -241,6 +242,33 @@ class VLLM:
                  f"the engine defaults with {n} replicas, one per {per}")]
 
     @staticmethod
+    def _no_multicast(params: Mapping[str, Any], ctx: SpaceContext,
+                      env: dict[str, str]) -> dict[str, Any]:
+        """TP on a host that forbids NVLink multicast (see _NO_MULTICAST).
+        The host's own settings go into the launch env, so a profile's unit
+        or container keeps them; the fused all-reduce pass is turned off
+        (merged into the user's compilation config, unless it sets the pass
+        itself); FlashInfer's backend is pinned unless the user chose one."""
+        env.update({k: os.environ[k] for k in _NO_MULTICAST if k in os.environ})
+        if _FI_ALLREDUCE not in os.environ:
+            env[_FI_ALLREDUCE] = "trtllm"
+        out = dict(params)
+        cc = (ctx.engine_args or {}).get("compilation_config") or {}
+        if "fuse_allreduce_rms" not in (cc.get("pass_config_fields") or ()):
+            return out
+        try:
+            user = json.loads(str(params.get("compilation_config") or "{}"))
+        except ValueError:
+            return out  # not JSON (vLLM's -O levels): leave the user's value
+        if not isinstance(user, dict):
+            return out
+        passes = user.setdefault("pass_config", {})
+        if isinstance(passes, dict):
+            passes.setdefault("fuse_allreduce_rms", False)
+            out["compilation_config"] = json.dumps(user, separators=(",", ":"))
+        return out
+
+    @staticmethod
     def gpus_used(params: Mapping[str, Any]) -> int:
         """GPUs a config occupies: tensor-parallel ranks x data-parallel replicas."""
         return (int(params.get("tensor_parallel_size", 1))
@@ -401,14 +429,8 @@ class VLLM:
         env = {"HF_HUB_OFFLINE": "1"}
         if ctx.install.pythonpath:
             env["PYTHONPATH"] = ctx.install.pythonpath
-        if (int(params.get("tensor_parallel_size", 1)) > 1 and _FI_ALLREDUCE not in os.environ
-                and _multicast_forbidden(os.environ)):
-            env[_FI_ALLREDUCE] = "trtllm"
-            cc = (ctx.engine_args or {}).get("compilation_config") or {}
-            if ("fuse_allreduce_rms" in (cc.get("pass_config_fields") or ())
-                    and "compilation_config" not in params):
-                argv += [cc.get("flag", "--compilation-config"),
-                         '{"pass_config":{"fuse_allreduce_rms":false}}']
+        if int(params.get("tensor_parallel_size", 1)) > 1 and _multicast_forbidden(os.environ):
+            params = self._no_multicast(params, ctx, env)
         for name, value in sorted(params.items()):
             if name == "quantization" and value == "none":
                 continue  # the model's own dtype: vLLM has no "none" value

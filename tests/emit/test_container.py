@@ -14,7 +14,8 @@ from qtune.profile import Profile
 from tests.test_profile import sample_profile
 
 EXAMPLE_GPU = Path(__file__).parents[2] / "examples" / "h200x2-qwen3-4b" / "h200-qwen3-4b.yaml"
-HF_SNAPSHOT = "/home/u/.cache/huggingface/hub/models--Qwen--Qwen3-4B/snapshots/abc123"
+# HF_HUB_CACHE=/data/hf: a snapshot with no "hub" folder above it.
+HF_SNAPSHOT = "/data/hf/models--Qwen--Qwen3-4B/snapshots/abc123"
 
 
 def awkward_profile(**over) -> Profile:
@@ -38,9 +39,10 @@ def test_view_maps_host_paths_ports_gpus_and_env():
     c = container_view(awkward_profile())
     assert c.image == "vllm/vllm-openai:v0.26.0"
     assert c.command == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
-    # A Hub snapshot is symlinks into blobs/: its whole cache is mounted.
-    hf = next(m for m in c.mounts if m.name == "hf-cache")
-    assert hf.host == "/home/u/.cache/huggingface"
+    # A Hub snapshot is symlinks into its repo's blobs/: the repo folder is
+    # mounted (not the whole cache, which holds the token file).
+    hf = next(m for m in c.mounts if m.name == "hf-qwen--qwen3-4b")
+    assert hf.host == "/data/hf/models--Qwen--Qwen3-4B"
     assert c.args[c.args.index("--model") + 1] == (
         "/root/.cache/huggingface/hub/models--Qwen--Qwen3-4B/snapshots/abc123")
     assert c.args[c.args.index("--tokenizer") + 1] == "/models/tokenizer-tok"
@@ -60,7 +62,10 @@ def test_compose_escapes_dollars_and_reserves_gpus():
     assert svc["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "count": 4, "capabilities": ["gpu"]}]
     assert svc["cpuset"] == "16-31" and svc["ports"] == ["127.0.0.1:8123:8123"]
-    assert "/home/u/.cache/huggingface:/root/.cache/huggingface:ro" in svc["volumes"]
+    assert {"type": "bind", "source": "/data/hf/models--Qwen--Qwen3-4B",
+            "target": "/root/.cache/huggingface/hub/models--Qwen--Qwen3-4B",
+            "read_only": True} in svc["volumes"]
+    assert svc["environment"]["HF_TOKEN"] is None  # passed through, never written
     assert svc["healthcheck"]["start_period"] == "600s"
 
 
@@ -77,6 +82,37 @@ def test_kubernetes_sizes_probes_from_the_tuned_start_and_reads_the_token_from_a
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
     assert svc["spec"]["ports"][0]["port"] == 8123
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_paths_that_would_collide_or_break_get_their_own_mounts():
+    base = sample_profile()
+    c = container_view(sample_profile(argv=base.argv[:3] + [
+        "--model=/a/tokenizer-foo", "--tokenizer", "/b/foo", "--host=127.0.0.1",
+        "--port=9000"]))
+    targets = [m.container for m in c.mounts]
+    assert len(set(targets)) == 2 and len({m.name for m in c.mounts}) == 2
+    assert c.args[c.args.index("--tokenizer") + 1] in targets
+    assert c.args[c.args.index("--host") + 1] == "0.0.0.0" and c.port == 9000
+    with pytest.raises(InputError, match="relative path"):
+        container_view(sample_profile(argv=base.argv[:3] + ["--model", "models/m"]))
+
+
+def test_names_suit_kubernetes():
+    from qtune.emit.container import dns_name
+
+    assert dns_name("2xh200-run") == "q-2xh200-run"  # a Service starts with a letter
+    long_a = "qwen-qwen3-30b-a3b-instruct-2507-fp8-h200x8-i1024-o256-r40-e2e_p99"
+    long_b = long_a.replace("r40", "r20")
+    assert len(dns_name(long_a)) <= 63 and dns_name(long_a) != dns_name(long_b)
+
+
+def test_kubernetes_does_not_expand_variables_in_args():
+    p = sample_profile(argv=sample_profile().argv + ["--x", "$(HOME)"],
+                       env={"A": "$(B)"})
+    (c,) = next(yaml.safe_load_all(emit(p, "kubernetes")))["spec"]["template"]["spec"][
+        "containers"]
+    assert c["args"][-1] == "$$(HOME)"
+    assert {"name": "A", "value": "$$(B)"} in c["env"]
 
 
 def test_no_secret_or_host_install_reaches_a_container_file():
@@ -115,9 +151,17 @@ def test_kubernetes_manifests_pass_the_api_schema(path):
         kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
 
 
+def odd_paths_profile() -> Profile:
+    """Host folders with ':' and '$' in their names (a short-form volume
+    would break on the first, interpolation on the second)."""
+    base = sample_profile()
+    return sample_profile(argv=base.argv[:3] + ["--model", "/data/qwen:v2",
+                                                 "--tokenizer", "/data/my$tok"])
+
+
 @pytest.mark.skipif(shutil.which("docker-compose") is None,
                     reason="docker-compose not installed (scripts/test.sh installs it)")
-@pytest.mark.parametrize("path", [EXAMPLE_GPU, awkward_profile])
+@pytest.mark.parametrize("path", [EXAMPLE_GPU, awkward_profile, odd_paths_profile])
 def test_compose_file_passes_docker_compose_config(path, tmp_path):
     profile = path() if callable(path) else Profile.load(path)
     f = tmp_path / "compose.yaml"
@@ -125,3 +169,4 @@ def test_compose_file_passes_docker_compose_config(path, tmp_path):
     r = subprocess.run(["docker-compose", "-f", str(f), "config", "-q"],
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+    assert "variable is not set" not in r.stderr, r.stderr

@@ -89,7 +89,7 @@ def test_tp_pins_an_allreduce_without_multicast_where_the_host_forbids_it(
     def env(params):
         return VLLM().launch_spec(params, ctx, host="127.0.0.1", port=1).env
 
-    def argv(params, fields=("fuse_allreduce_rms",)):
+    def argv(params, fields=("fuse_allreduce_rms",)):  # with the installed vLLM's facts
         args = {"compilation_config": {"flag": "--compilation-config", "kind": "str",
                                        "pass_config_fields": list(fields)}}
         c = dataclasses.replace(ctx, engine_args=args)
@@ -108,9 +108,22 @@ def test_tp_pins_an_allreduce_without_multicast_where_the_host_forbids_it(
     assert a[a.index("--compilation-config") + 1] == off
     assert "--compilation-config" not in argv({"tensor_parallel_size": 2}, fields=())
     assert "--compilation-config" not in argv({"tensor_parallel_size": 1})
+    # The user's own compilation config is merged into, not doubled or lost;
+    # an explicit choice of the pass is theirs.
+    a = argv({"tensor_parallel_size": 2, "compilation_config": '{"mode": 3}'})
+    assert a.count("--compilation-config") == 1
+    assert a[a.index("--compilation-config") + 1] == (
+        '{"mode":3,"pass_config":{"fuse_allreduce_rms":false}}')
+    mine = '{"pass_config": {"fuse_allreduce_rms": true}}'
+    a = argv({"tensor_parallel_size": 2, "compilation_config": mine})
+    assert '"fuse_allreduce_rms":true' in a[a.index("--compilation-config") + 1]
+    # The host's own setting travels with the profile (a unit or container
+    # does not inherit the shell's environment).
+    assert env({"tensor_parallel_size": 2})["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env({"data_parallel_size": 2})
     monkeypatch.setenv("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "mnnvl")  # the user's choice
     assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env({"tensor_parallel_size": 2})
+    assert "--compilation-config" in argv({"tensor_parallel_size": 2})  # the pass stays off
 
 
 def test_fp8_options_follow_hardware_model_and_exact(cpu_ctx):
