@@ -8,7 +8,9 @@ Knows nothing of any engine.  The rules it enforces (ecosystem.md §5):
 - output goes to a log file, never to an unread pipe;
 - readiness = the health path answers 200 *and* the models path lists the
   served name; a process that exits, or logs a fatal line, ends the wait at
-  once; the wait is bounded by a monotonic deadline;
+  once; so does a log that shows no progress for half the start timeout
+  (at least 5 minutes): a hung start; the wait is bounded by a monotonic
+  deadline;
 - stop = remember every descendant, SIGTERM the group, wait, SIGKILL the
   group and any survivor (vLLM's engine processes can outlive their parent);
 - every live server is registered so signal handlers and ``atexit`` can
@@ -123,19 +125,30 @@ class Server:
         *,
         on_tick: Callable[[float], None] | None = None,
         classify: Callable[[str], Any] | None = None,
+        stall: float | None = None,
     ) -> float:
         """Block until ready; returns seconds since start.  Raises
-        ``ServerError`` with a classified reason otherwise."""
+        ``ServerError`` with a classified reason otherwise.  ``stall``: the
+        seconds of a log without progress after which the start is hung
+        (default: half the timeout, at least 300 s; a healthy GPU start was
+        seen silent for 100 s, while a hung TP start on 2xH200 would have
+        held a trial for the whole timeout)."""
         assert self.proc is not None
         deadline = self.started_at + timeout
+        stall = max(300.0, timeout / 2) if stall is None else stall
         fatal = [re.compile(p) for p in self.spec.fatal_patterns]
+        idle = [re.compile(p) for p in self.spec.idle_patterns]
         seen = 0
+        progress_at = self.started_at
         while True:
             now = time.monotonic()
             if on_tick:
                 on_tick(now - self.started_at)
             rc = self.proc.poll()
             text = self.log_text()
+            if any(ln.strip() and not any(p.search(ln) for p in idle)
+                   for ln in re.split(r"[\r\n]", text[seen:])):
+                progress_at = now  # tqdm's \r updates count: loading is progress
             # Overlap the last read: a fatal line may arrive in two pieces.
             new, seen = text[max(0, seen - 512):], len(text)
             if rc is not None or any(f.search(new) for f in fatal):
@@ -149,6 +162,9 @@ class Server:
                 )
             if now > deadline:
                 self._fail(f"not ready after {timeout:.0f} s", classify, timeout=True)
+            if now - progress_at > stall:
+                self._fail(f"hung: no progress in its log for {stall:.0f} s", classify,
+                           timeout=True)
             if self._is_ready():
                 self._check_owner()
                 self.ready_after = time.monotonic() - self.started_at

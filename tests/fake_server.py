@@ -5,6 +5,8 @@ only answers readiness).  python -m tests.fake_server PORT NAME [options]
   --exit-after S    exit with code 3 after S seconds (startup crash)
   --fatal-after S   print FATAL-ENGINE-ERROR after S seconds and hang
   --stubborn-child  spawn a grandchild that ignores SIGTERM and sleeps
+  --idle            never serve; log IDLE-WAIT every 0.1 s (a hung start)
+  --busy            never serve; log a progress line every 0.1 s (a slow one)
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ def main() -> None:
         time.sleep(float(opt["--exit-after"]))
         print("RuntimeError: startup failed for a test", flush=True)
         sys.exit(3)
+    for flag, line in (("--idle", "IDLE-WAIT: no broadcast block"), ("--busy", "step")):
+        if flag in opt:
+            for i in range(6000):
+                print(f"{line} {i}", flush=True)
+                time.sleep(0.1)
     if "--fatal-after" in opt:
         time.sleep(float(opt["--fatal-after"]))
         print("FATAL-ENGINE-ERROR: could not start", flush=True)

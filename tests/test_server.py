@@ -23,6 +23,7 @@ def spec(port: int, *opts: str, name: str = "m", served: str = "m") -> LaunchSpe
         env={"PYTHONPATH": str(ROOT)},
         host="127.0.0.1", port=port, served_model=served,
         fatal_patterns=("FATAL-ENGINE-ERROR",),
+        idle_patterns=("IDLE-WAIT",),
     )
 
 
@@ -66,6 +67,21 @@ def test_fatal_log_line_ends_the_wait_although_the_process_lives(tmp_path):
         s.wait_ready(60)
     assert time.monotonic() - t0 < 10
     assert s.proc is None  # stopped
+
+
+def test_a_log_that_only_waits_is_a_hung_start_but_a_busy_one_is_not(tmp_path):
+    s = Server(spec(free_port(), "--idle"), tmp_path / "idle.log")
+    t0 = time.monotonic()
+    with s, pytest.raises(ServerError) as e:
+        s.wait_ready(60, stall=1.5)
+    assert time.monotonic() - t0 < 10
+    assert "hung: no progress in its log for 2 s" in e.value.message
+    assert e.value.reason == "timeout" and s.proc is None
+    # Progress lines keep the start alive until the deadline.
+    s = Server(spec(free_port(), "--busy"), tmp_path / "busy.log")
+    with s, pytest.raises(ServerError) as e:
+        s.wait_ready(3, stall=1.5)
+    assert "not ready after 3 s" in e.value.message
 
 
 def test_timeout_and_wrong_model(tmp_path):

@@ -64,6 +64,10 @@ class LaunchSpec:
     # its process may linger (vLLM's API server can hang after its engine
     # core died): the runner stops waiting as soon as one appears.
     fatal_patterns: tuple[str, ...] = ()
+    # Log lines that show the server waiting, not progressing (vLLM's engine
+    # core repeats one while its workers are silent): a start whose log shows
+    # nothing else for long is hung, not slow.
+    idle_patterns: tuple[str, ...] = ()
 
     @property
     def base_url(self) -> str:

@@ -88,6 +88,11 @@ _FATAL = (
 
 _SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
+# What vLLM's engine core logs every 60 s while its workers say nothing: on
+# 2xH200 a TP 2 start repeated it after choosing FlashInfer's trtllm
+# all-reduce and never got further.  Not progress, whatever else it means.
+_IDLE = (r"No available shared memory broadcast block found",)
+
 # A host that forbids NVLink multicast (shared GPUs can be put out of service
 # by it) says so in these variables, which only NCCL, PyTorch and NVSHMEM
 # read.  vLLM's fused all-reduce (TP > 1) picks FlashInfer's "mnnvl" backend
@@ -446,6 +451,7 @@ class VLLM:
             port=port,
             served_model=m.served_name,
             fatal_patterns=_FATAL,
+            idle_patterns=_IDLE,
         )
 
     def classify(self, log_text: str) -> Failure:

@@ -248,6 +248,22 @@ def test_a_gpu_worker_crash_at_start_is_fatal_and_named():
                  "encountered")
 
 
+def test_a_hung_tp_start_logs_only_idle_lines_after_its_last_step():
+    # Captured on 2xH200 (TP 2, trtllm all-reduce): after choosing the
+    # backend the engine core only repeated its wait line for 145 s.  Those
+    # lines are idle to the runner; nothing else in a start is.
+    import re
+
+    from qtune.engines.vllm import _FATAL, _IDLE
+
+    lines = (FIX / "vllm-logs" / "h200x2-tp2-trtllm-hang.log").read_text().splitlines()
+    last_step = max(i for i, ln in enumerate(lines) if "allreduce backend: trtllm" in ln)
+    after = [ln for ln in lines[last_step + 1:] if "Parent process exited" not in ln]
+    assert len(after) == 2 and all(any(re.search(p, ln) for p in _IDLE) for ln in after)
+    assert not any(re.search(p, ln) for p in _IDLE for ln in lines[:last_step + 1])
+    assert not any(re.search(p, "\n".join(lines)) for p in _FATAL)
+
+
 def test_unmatched_log_names_its_last_error_not_a_stack_frame():
     f = VLLM().classify("RuntimeError: boom\nframe #21: __libc_start_main + 0x8b\n"
                         "frame #22: _start + 0x25\n")
