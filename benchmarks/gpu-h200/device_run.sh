@@ -6,6 +6,9 @@
 #   device_run.sh wait     wait for the background chain
 # The study's extra flags come from $SEARCH_ARGS (say --trials 12 --time-budget 14 on
 # nvidia-h200-x2, where tensor_parallel_size 1|2 joins the space by itself).
+# RESUME=benchmarks/gpu-h200/run5/h200-journal.log continues that study (its journal
+# comes back in logs.tgz): trials already run, the baseline among them, are not
+# paid for again.  VERIFY=0 skips verify (give it a session of its own).
 # start and wait copy what exists into $OUT.  The chain runs from a copy of the
 # repo in /tmp/qrepo: the device re-syncs the working tree on every call.
 set -u
@@ -28,7 +31,8 @@ start)
   python3 -c "import vllm, optuna, typer, qtune.cli; print('vllm', vllm.__version__, 'optuna', optuna.__version__)" 2>&1 | tail -2
   python3 -m qtune probe --json > $Q/probe.json 2> $Q/probe.err; echo "probe json rc=$?"
   python3 -m qtune probe > $Q/probe.txt 2>&1; echo "probe rc=$?"
-  echo "SEARCH_ARGS='${SEARCH_ARGS:---trials 9 --time-budget 12}'" > $Q/chain.sh
+  [ -n "${RESUME:-}" ] && cp "$RESUME" $Q/h200.log && echo "resuming $RESUME"
+  echo "SEARCH_ARGS='${SEARCH_ARGS:---trials 9 --time-budget 12}'; VERIFY=${VERIFY:-1}" > $Q/chain.sh
   cat >> $Q/chain.sh <<'EOC'
 cd /tmp/qrepo; Q=/tmp/qt
 s=$(date +%s)
@@ -40,8 +44,10 @@ echo "search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
 python3 -m qtune emit $Q/h200-qwen3-4b.yaml --format systemd -o $Q/h200-qwen3-4b.service > $Q/emit.out 2>&1
 echo "emit rc=$?" >> $Q/chain.log
 s=$(date +%s)
-python3 -m qtune verify $Q/h200-qwen3-4b.yaml --repeat 3 --json > $Q/verify.json 2> $Q/verify.err
-echo "verify rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
+if [ "$VERIFY" = 1 ]; then
+  python3 -m qtune verify $Q/h200-qwen3-4b.yaml --repeat 3 --json > $Q/verify.json 2> $Q/verify.err
+  echo "verify rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
+fi
 touch $Q/DONE
 EOC
   setsid nohup bash $Q/chain.sh > $Q/chain.out 2>&1 < /dev/null &
