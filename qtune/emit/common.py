@@ -22,5 +22,5 @@ def summary_lines(profile: Profile) -> list[str]:
         f"engine {profile.engine.name} {profile.engine.version} ({profile.engine.build}), "
         f"model {profile.model.get('id')}",
         f"tuned for {obj.get('name')} = {obj.get('best', 0):.1f}; engine defaults: "
-        + (f"{base:.1f}" if isinstance(base, (int, float)) else "did not start"),
+        + (f"{base:.1f}" if isinstance(base, (int, float)) else "not measured (see notes)"),
     ]

@@ -370,7 +370,11 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     started = time.monotonic()
     stop_reason = None
     has_baseline = any(
-        t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE
+        t.user_attrs.get("baseline") and (
+            t.state == TrialState.COMPLETE
+            # refused as too big: a resume does not ask again (unless the
+            # memory check is now off)
+            or (t.user_attrs.get("reason") == "predicted_oom" and cfg.memory_check))
         for t in study.get_trials(deepcopy=False)
     )
     if not has_baseline and launched_count() < cfg.trials:
@@ -433,11 +437,7 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
                 reason = "predicted_oom"
         invalid_run = invalid_run + 1 if violations else 0
         if violations:
-            rec = TrialRecord(trial.number, params, "invalid",
-                              reason=reason, detail="; ".join(violations))
-            _set_attrs(trial, rec)
-            study.tell(trial, state=TrialState.PRUNED)
-            reporter.trial_done(rec, _best(study))
+            _refuse(study, trial, params, reason, "; ".join(violations), reporter)
             continue
         _run_trial(prep, study, trial, params, reporter)
 
@@ -476,7 +476,24 @@ def _run_unsampled(prep: Prepared, study: optuna.Study, reporter: Reporter,
     est = _estimate(prep, params)
     if est is not None:
         trial.set_user_attr("memory_estimate", est.as_dict())
+        if not est.fits and prep.cfg.memory_check:
+            # The engine defaults can be too big for the host (a 70B model
+            # at TP 1): minutes of loading weights only to fail.  Seeds are
+            # filtered before this, so only the baseline gets here.
+            _refuse(study, trial, params, "predicted_oom",
+                    "predicted not to fit: " + est.reason, reporter)
+            return
     _run_trial(prep, study, trial, params, reporter)
+
+
+def _refuse(study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], reason: str,
+            detail: str, reporter: Reporter) -> None:
+    """Record a config refused without a launch (pruned: TPE ranks it below
+    every run, so it learns the region)."""
+    rec = TrialRecord(trial.number, params, "invalid", reason=reason, detail=detail)
+    _set_attrs(trial, rec)
+    study.tell(trial, state=TrialState.PRUNED)
+    reporter.trial_done(rec, _best(study))
 
 
 def ran_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -1131,7 +1148,9 @@ def build_profile(
     if prep.ctx.model.load_format == "dummy":
         notes.append("tuned with random weights (--load-format dummy): swap in the "
                      "real checkpoint folder before serving real traffic")
-    if baseline and baseline.status != "ok":
+    if baseline and baseline.status == "invalid":
+        notes.append(f"baseline (engine defaults) not launched: {baseline.detail}")
+    elif baseline and baseline.status != "ok":
         notes.append(f"baseline (engine defaults) failed to start: {baseline.reason}: "
                      f"{baseline.detail}")
     base_note = study.trials[baseline.number].user_attrs.get("baseline_note") \

@@ -351,3 +351,33 @@ def test_an_improvement_inside_the_noise_is_flagged():
     study = SimpleNamespace(user_attrs={"confirmation": conf})
     assert _objective_pair(study, rec(1), rec(0))["separated"] is False
     assert _objective_pair(study, rec(2), rec(0))["separated"] is True
+
+
+class BigDefaultsEngine(FakeEngine):
+    """The engine defaults are predicted not to fit (a 70B model at TP 1);
+    every tuned config is predicted to fit."""
+
+    def estimate(self, params: Mapping[str, Any], ctx: SpaceContext):
+        from qtune.estimate import Estimate
+
+        fits = "slots" in params
+        return Estimate(fits, "" if fits else "weights 140 GiB > 126 GiB usable",
+                        1.0, 1.0, 1.0, 1)
+
+
+def test_defaults_predicted_not_to_fit_are_refused_without_a_launch(fake, monkeypatch):
+    monkeypatch.setitem(ENGINES, "fake", BigDefaultsEngine())
+    cfg = dataclasses.replace(fake, trials=3, study="big", confirm_top=0)
+    res = tune(cfg)
+    base = [t for t in res.trials if t.baseline]
+    assert len(base) == 1 and base[0].status == "invalid"
+    assert base[0].reason == "predicted_oom" and "140 GiB" in base[0].detail
+    assert base[0].startup_s is None  # no launch
+    # The three launches went to tuning.
+    assert sum(t.status in ("ok", "startup_failed") for t in res.trials) == 3
+    assert any("not launched: predicted not to fit" in n for n in res.profile.notes)
+    # A resume does not ask again; with the memory check off it launches them.
+    res = tune(dataclasses.replace(cfg, trials=4))
+    assert sum(t.baseline for t in res.trials) == 1
+    res = tune(dataclasses.replace(cfg, trials=5, memory_check=False))
+    assert [t.status for t in res.trials if t.baseline] == ["invalid", "ok"]
