@@ -28,6 +28,7 @@ from pathlib import PurePosixPath
 import yaml
 
 from qtune.emit.common import start_timeout, summary_lines
+from qtune.engines import ENGINES, gpus_used
 from qtune.errors import InputError
 from qtune.profile import Profile
 
@@ -86,15 +87,6 @@ def dns_name(text: str) -> str:
     if len(s) > 63:
         s = s[:54].rstrip("-") + "-" + hashlib.sha1(text.encode()).hexdigest()[:8]
     return s
-
-
-def gpus_used(profile: Profile) -> int:
-    if profile.engine.build != "cuda":
-        return 0
-    n = 1
-    for k in ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size"):
-        n *= int(profile.params.get(k, 1) or 1)
-    return n
 
 
 def _mount_for(path: str, role: str, taken: list[Mount]) -> tuple[Mount, str]:
@@ -182,7 +174,8 @@ def container_view(profile: Profile, image: str | None = None) -> Container:
         args=args,
         env=env,
         port=port,
-        gpus=gpus_used(profile),
+        gpus=gpus_used(ENGINES.get(profile.engine.name), profile.params)
+        if profile.engine.build == "cuda" else 0,
         mounts=mounts,
         cpus=place.get("cpus") if place.get("numa_node") is not None else None,
         start_timeout_s=start_timeout(profile),

@@ -30,7 +30,7 @@ import optuna
 from optuna.trial import TrialState
 
 from qtune import __version__
-from qtune.engines import get_engine
+from qtune.engines import get_engine, gpus_used
 from qtune.engines.base import Engine, LoadView, Param, SpaceContext
 from qtune.errors import EngineError, InputError, ServerError, StudyError
 from qtune.host import HostFacts, placement, probe
@@ -953,11 +953,6 @@ def _measure(prep: Prepared, spec: Any, n: int, reporter: Reporter, baseline: bo
                    progress=progress, watch=watch)
 
 
-def _gpus_used(engine: Engine, params: dict[str, Any]) -> int:
-    used = getattr(engine, "gpus_used", None)
-    return used(params) if used else 1
-
-
 def _at_load(wl: Any, value: float | None) -> Any:
     import dataclasses
 
@@ -1185,7 +1180,7 @@ def build_profile(
                   else _at_load(cfg.workload, best.load_level)).to_dict(),
         slo=[str(s) for s in cfg.slo],
         host=prep.host.fingerprint(),
-        placement=placement(prep.host, _gpus_used(prep.engine, best.params)),
+        placement=placement(prep.host, gpus_used(prep.engine, best.params)),
         study=StudyRef(storage=prep.storage_url, name=prep.study_name,
                        trial=best.number, trials_run=n_trials,
                        baseline_trial=baseline.number if baseline else None),
