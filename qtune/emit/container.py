@@ -20,7 +20,6 @@ it, when set there.
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -182,13 +181,3 @@ def container_view(profile: Profile, image: str | None = None) -> Container:
         header=header,
     )
 
-
-def shm_gib(c: Container) -> int:
-    """/dev/shm for the pod: PyTorch passes tensors between the API server and
-    engine processes (and TP ranks) through it; vLLM's Kubernetes guide uses
-    2Gi for one GPU, so 2Gi per GPU, 2Gi at least."""
-    return 2 * max(1, c.gpus)
-
-
-def probe_failures(c: Container, period_s: int) -> int:
-    return max(1, math.ceil(c.start_timeout_s / period_s))

@@ -14,10 +14,22 @@ what changes between the host and the container).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from qtune.emit.container import container_view, dump, probe_failures, shm_gib
+from qtune.emit.container import Container, container_view, dump
 from qtune.profile import Profile
+
+
+def shm_gib(c: Container) -> int:
+    """/dev/shm for the pod: PyTorch passes tensors between the API server and
+    engine processes (and TP ranks) through it; vLLM's Kubernetes guide uses
+    2Gi for one GPU, so 2Gi per GPU, 2Gi at least."""
+    return 2 * max(1, c.gpus)
+
+
+def probe_failures(c: Container, period_s: int) -> int:
+    return max(1, math.ceil(c.start_timeout_s / period_s))
 
 
 def _esc(value: str) -> str:
