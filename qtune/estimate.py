@@ -118,10 +118,14 @@ class Estimate:
 
 def estimate_gpu(cfg: dict[str, Any], *, gpu_memory: int, utilization: float, tp: int,
                  max_model_len: int, kv_dtype: str = "auto",
-                 quantization: str = "none") -> Estimate:
-    weights = weight_bytes(cfg, quantization) / tp
+                 quantization: str = "none", pp: int = 1) -> Estimate:
+    # Tensor parallelism splits every layer's heads, pipeline parallelism
+    # splits the layers: either way a rank holds 1/(tp x pp) of the weights
+    # and of each token's KV (embeddings ignored: they sit on end stages).
+    shards = tp * pp
+    weights = weight_bytes(cfg, quantization) / shards
     budget = gpu_memory * utilization - weights - GPU_HEADROOM
-    per_tok = kv_bytes_per_token(cfg, kv_dtype) / tp
+    per_tok = kv_bytes_per_token(cfg, kv_dtype) / shards
     need = per_tok * max_model_len
     tokens = int(max(budget, 0) / per_tok) if per_tok else 0
     if budget <= 0:

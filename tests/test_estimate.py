@@ -33,6 +33,10 @@ def test_gpu_fit():
     assert not tiny.fits and "weights" in tiny.reason
     assert estimate_gpu(QWEN3_4B, gpu_memory=8 * GiB, utilization=0.9, tp=2,
                         max_model_len=1024).fits
+    # Two pipeline stages split the layers as two TP ranks split the heads.
+    pp2 = estimate_gpu(QWEN3_4B, gpu_memory=8 * GiB, utilization=0.9, tp=1, pp=2,
+                       max_model_len=1024)
+    assert pp2.fits and pp2.weights == pytest.approx(tiny.weights / 2)
     # fp8 weights: the linear layers at one byte, the embedding stays bf16
     # (Qwen3-4B: 3.6B linear + 0.39B tied embedding parameters).
     q = estimate_gpu(QWEN3_4B, gpu_memory=h200, utilization=0.9, tp=1,

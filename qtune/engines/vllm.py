@@ -275,8 +275,11 @@ class VLLM:
 
     @staticmethod
     def gpus_used(params: Mapping[str, Any]) -> int:
-        """GPUs a config occupies: tensor-parallel ranks x data-parallel replicas."""
+        """GPUs a config occupies: tensor x pipeline ranks per replica, x
+        data-parallel replicas.  Pipeline parallelism is never searched, but a
+        user may fix it (``--set pipeline_parallel_size=2``)."""
         return (int(params.get("tensor_parallel_size", 1))
+                * int(params.get("pipeline_parallel_size", 1))
                 * int(params.get("data_parallel_size", 1)))
 
     @staticmethod
@@ -408,7 +411,7 @@ class VLLM:
             out.append(f"tensor_parallel_size {tp} does not fit heads/GPUs")
         n_gpus = self.gpus_used(params)
         if n_gpus > 1 and n_gpus > len(ctx.host.gpus):
-            out.append(f"tensor_parallel_size x data_parallel_size ({n_gpus}) > "
+            out.append(f"tensor x pipeline x data parallel sizes ({n_gpus}) > "
                        f"{len(ctx.host.gpus)} GPUs")
         return out
 
@@ -481,6 +484,7 @@ class VLLM:
         return estimate_gpu(cfg, gpu_memory=gpu_mem,
                             utilization=float(params.get("gpu_memory_utilization", 0.92)),
                             tp=int(params.get("tensor_parallel_size", 1)),
+                            pp=int(params.get("pipeline_parallel_size", 1)),
                             max_model_len=mml, kv_dtype=kv_dtype,
                             quantization=str(params.get("quantization", "none")))
 

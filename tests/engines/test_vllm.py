@@ -49,8 +49,12 @@ def test_gpu_space_tp_divides_heads(cpu_ctx):
     assert space["data_parallel_size"].choices == (1, 2)
     assert not VLLM().check({"tensor_parallel_size": 1, "data_parallel_size": 2}, ctx)
     assert VLLM().check({"tensor_parallel_size": 2, "data_parallel_size": 2}, ctx) == [
-        "tensor_parallel_size x data_parallel_size (4) > 3 GPUs"]
+        "tensor x pipeline x data parallel sizes (4) > 3 GPUs"]
     assert VLLM().gpus_used({"tensor_parallel_size": 2, "data_parallel_size": 2}) == 4
+    # A pipeline the user fixed takes GPUs too.
+    assert VLLM().gpus_used({"pipeline_parallel_size": 2, "data_parallel_size": 2}) == 4
+    assert VLLM().check({"pipeline_parallel_size": 2, "data_parallel_size": 2}, ctx) == [
+        "tensor x pipeline x data parallel sizes (4) > 3 GPUs"]
     # The first tuned trial: the defaults with one replica per GPU (2 of 3:
     # replicas come in powers of two).
     assert [p for p, _ in VLLM().seeds(list(space.values()), ctx)] == [
