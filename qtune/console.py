@@ -210,6 +210,8 @@ class SearchReporter:
                     if best is not None else "no feasible trial yet")
         err.print(Text(f"trial {rec.number} {tag}", style="bold") + Text(params))
         err.print(Text(f"    {line}", style=style))
+        if rec.status == "ok" and (uneven := _uneven_replicas(rec.summary.get("server"))):
+            err.print(Text(f"    {uneven}", style="yellow"))
         if rec.status != "invalid":
             err.print(Text(f"    {best_txt}; left {self._eta()}", style="dim"))
 
@@ -376,6 +378,20 @@ def render_bench(res: dict[str, Any]) -> None:
                   f"{_fmt((sv['kv_cache_usage_peak'] or 0) * 100)}%, waiting peak "
                   f"{_fmt(sv['waiting_peak'])}, prefix-cache hit rate "
                   + ("-" if hit is None else f"{hit:.1%}"))
+        if uneven := _uneven_replicas(sv):
+            out.print(uneven)
+
+
+def _uneven_replicas(sv: dict[str, Any] | None) -> str | None:
+    """A line when one data-parallel engine generated much less than another:
+    the front end balanced the requests, the replica was slower (its GPU, its
+    neighbours), and the trial's tail latency is that replica's."""
+    bal = (sv or {}).get("generation_balance")
+    if bal is None or bal >= 0.8:
+        return None
+    gen = "/".join(str(e["generation_tokens"]) for e in sv["engines"])
+    return (f"replicas uneven: generated tokens per engine {gen} "
+            f"(slowest {bal:.0%} of the fastest)")
 
 
 def render_verify(res: dict[str, Any]) -> None:

@@ -5,6 +5,13 @@ to report what explains the client-side numbers: preemptions (KV pressure),
 peak KV-cache usage, the waiting-queue peak and the prefix-cache hit rate.
 Names are vLLM's (engines.md §4.2), with the older aliases accepted.  An
 endpoint without ``/metrics`` gives ``None``, never an error.
+
+A data-parallel server reports each engine under its own ``engine`` label.
+Counts (requests, tokens) add up over engines; a fraction (KV-cache usage)
+does not, so its peak is the fullest engine's.  With several engines the
+report also gives each one's figures: one slow replica behind a balanced
+front end shows only there (2xH200: 3.2k against 4.2k generated tokens/s
+in the start whose p99 was 2.7 times the others').
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ _GAUGES = {
     "vllm:num_requests_waiting": (),
     "vllm:num_requests_running": (),
 }
+_FRACTIONS = {"vllm:kv_cache_usage_perc"}  # per engine: never summed
 _COUNTERS = (
     "vllm:num_preemptions",
     "vllm:prefix_cache_queries",
@@ -29,10 +37,13 @@ _COUNTERS = (
     "vllm:generation_tokens",
 )
 
+# sample name → engine label ("" where there is none) → value
+Snapshot = dict[str, dict[str, float]]
 
-def parse(text: str) -> dict[str, float]:
-    """Sum each sample name over its label sets (engines, models)."""
-    out: dict[str, float] = {}
+
+def parse(text: str) -> Snapshot:
+    """Each sample name's value per engine, summed over other labels (models)."""
+    out: Snapshot = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             name = s.name
@@ -40,27 +51,34 @@ def parse(text: str) -> dict[str, float]:
             # keeps it on samples; index both forms under the bare name.
             if name.endswith("_total"):
                 name = name[: -len("_total")]
-            out[name] = out.get(name, 0.0) + float(s.value)
+            per = out.setdefault(name, {})
+            engine = s.labels.get("engine", "")
+            per[engine] = per.get(engine, 0.0) + float(s.value)
     return out
 
 
-def _gauge(snap: dict[str, float], name: str) -> float | None:
+def _gauge(snap: Snapshot, name: str) -> dict[str, float] | None:
     for n in (name, *_GAUGES.get(name, ())):
         if n in snap:
             return snap[n]
     return None
 
 
+def _combine(name: str, per_engine: dict[str, float]) -> float:
+    return max(per_engine.values()) if name in _FRACTIONS else sum(per_engine.values())
+
+
 class MetricsWatcher:
     def __init__(self, base_url: str, interval: float = 1.0) -> None:
         self.url = base_url.rstrip("/") + "/metrics"
         self.interval = interval
-        self.first: dict[str, float] | None = None
-        self.last: dict[str, float] | None = None
+        self.first: Snapshot | None = None
+        self.last: Snapshot | None = None
         self.peaks: dict[str, float] = {}
+        self.engine_peaks: dict[str, dict[str, float]] = {}  # gauge → engine → peak
         self._task: asyncio.Task[None] | None = None
 
-    async def scrape(self, session: aiohttp.ClientSession) -> dict[str, float] | None:
+    async def scrape(self, session: aiohttp.ClientSession) -> Snapshot | None:
         try:
             async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=5)) as r:
                 if r.status != 200:
@@ -72,9 +90,14 @@ class MetricsWatcher:
             self.first = snap
         self.last = snap
         for g in _GAUGES:
-            v = _gauge(snap, g)
-            if v is not None:
-                self.peaks[g] = max(self.peaks.get(g, v), v)
+            per = _gauge(snap, g)
+            if not per:
+                continue
+            v = _combine(g, per)
+            self.peaks[g] = max(self.peaks.get(g, v), v)
+            ep = self.engine_peaks.setdefault(g, {})
+            for e, x in per.items():
+                ep[e] = max(ep.get(e, x), x)
         return snap
 
     async def start(self, session: aiohttp.ClientSession) -> None:
@@ -102,15 +125,40 @@ class MetricsWatcher:
     def report(self) -> dict[str, Any] | None:
         if self.first is None or self.last is None:
             return None
-        delta = {c: self.last.get(c, 0.0) - self.first.get(c, 0.0) for c in _COUNTERS}
-        queries = delta["vllm:prefix_cache_queries"]
-        return {
-            "preemptions": int(delta["vllm:num_preemptions"]),
+        first, last = self.first, self.last
+
+        def delta(c: str, engine: str | None = None) -> float:
+            a, b = first.get(c, {}), last.get(c, {})
+            keys = b.keys() if engine is None else [engine]
+            return sum(b.get(e, 0.0) - a.get(e, 0.0) for e in keys)
+
+        queries = delta("vllm:prefix_cache_queries")
+        out: dict[str, Any] = {
+            "preemptions": int(delta("vllm:num_preemptions")),
             "kv_cache_usage_peak": self.peaks.get("vllm:kv_cache_usage_perc"),
             "waiting_peak": self.peaks.get("vllm:num_requests_waiting"),
             "running_peak": self.peaks.get("vllm:num_requests_running"),
-            "prefix_cache_hit_rate": (delta["vllm:prefix_cache_hits"] / queries
+            "prefix_cache_hit_rate": (delta("vllm:prefix_cache_hits") / queries
                                       if queries > 0 else None),
-            "prompt_tokens": int(delta["vllm:prompt_tokens"]),
-            "generation_tokens": int(delta["vllm:generation_tokens"]),
+            "prompt_tokens": int(delta("vllm:prompt_tokens")),
+            "generation_tokens": int(delta("vllm:generation_tokens")),
         }
+        engines = sorted(last.get("vllm:generation_tokens", {}), key=_engine_order)
+        if len(engines) > 1:
+            peaks = self.engine_peaks
+            out["engines"] = [{
+                "engine": e,
+                "prompt_tokens": int(delta("vllm:prompt_tokens", e)),
+                "generation_tokens": int(delta("vllm:generation_tokens", e)),
+                "preemptions": int(delta("vllm:num_preemptions", e)),
+                "running_peak": peaks.get("vllm:num_requests_running", {}).get(e),
+                "kv_cache_usage_peak": peaks.get("vllm:kv_cache_usage_perc", {}).get(e),
+            } for e in engines]
+            gen = [r["generation_tokens"] for r in out["engines"]]
+            # Slowest replica against the fastest: 1.0 is even work.
+            out["generation_balance"] = min(gen) / max(gen) if max(gen) > 0 else None
+        return out
+
+
+def _engine_order(label: str) -> tuple[int, str]:
+    return (int(label), "") if label.isdigit() else (1 << 30, label)

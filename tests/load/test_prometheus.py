@@ -1,0 +1,104 @@
+"""``MetricsWatcher`` on vLLM's exposition format, one engine and two.
+
+The texts follow what vLLM's ``PrometheusStatLogger`` writes: every sample
+labelled ``model_name`` and ``engine`` (the data-parallel rank).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from aiohttp import web
+
+from qtune.load.prometheus import MetricsWatcher, parse
+
+
+def metrics(engines: dict[str, dict[str, float]]) -> str:
+    """vLLM-like /metrics text: per engine, running, waiting, KV usage and
+    the counters."""
+    lines = []
+    for name, kind in (("vllm:num_requests_running", "gauge"),
+                       ("vllm:num_requests_waiting", "gauge"),
+                       ("vllm:kv_cache_usage_perc", "gauge"),
+                       ("vllm:generation_tokens", "counter"),
+                       ("vllm:prompt_tokens", "counter"),
+                       ("vllm:num_preemptions", "counter")):
+        lines.append(f"# TYPE {name} {kind}")
+        for e, vals in engines.items():
+            key = name.split(":")[1]
+            sample = name + ("_total" if kind == "counter" else "")
+            lines.append(f'{sample}{{engine="{e}",model_name="m"}} {vals.get(key, 0.0)}')
+    return "\n".join(lines) + "\n"
+
+
+def watch(texts: list[str]) -> dict | None:
+    """Scrape each text once, in order, as the watcher would over a run."""
+    async def main() -> dict | None:
+        pages = iter(texts)
+
+        async def handler(request: web.Request) -> web.Response:
+            return web.Response(text=next(pages))
+
+        app = web.Application()
+        app.router.add_get("/metrics", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        w = MetricsWatcher(f"http://{host}:{port}", interval=3600)
+        try:
+            async with aiohttp.ClientSession() as session:
+                for _ in texts:
+                    await w.scrape(session)
+        finally:
+            await runner.cleanup()
+        return w.report()
+
+    return asyncio.run(main())
+
+
+def test_one_engine_has_no_per_engine_breakdown():
+    rep = watch([
+        metrics({"0": {"generation_tokens": 100}}),
+        metrics({"0": {"num_requests_running": 7, "kv_cache_usage_perc": 0.4,
+                       "generation_tokens": 600, "prompt_tokens": 50}}),
+    ])
+    assert rep["generation_tokens"] == 500 and rep["prompt_tokens"] == 50
+    assert rep["running_peak"] == 7 and rep["kv_cache_usage_peak"] == 0.4
+    assert "engines" not in rep
+
+
+def test_data_parallel_counts_add_up_but_kv_usage_is_the_fullest_engine():
+    rep = watch([
+        metrics({"0": {}, "1": {}}),
+        metrics({"0": {"num_requests_running": 142, "kv_cache_usage_perc": 0.7,
+                       "generation_tokens": 3200, "num_preemptions": 2},
+                 "1": {"num_requests_running": 52, "kv_cache_usage_perc": 0.3,
+                       "generation_tokens": 4200}}),
+        metrics({"0": {"num_requests_running": 10, "kv_cache_usage_perc": 0.1,
+                       "generation_tokens": 3200, "num_preemptions": 2},
+                 "1": {"num_requests_running": 90, "kv_cache_usage_perc": 0.6,
+                       "generation_tokens": 4200}}),
+    ])
+    # Summed, two 70%/30% engines would read as a 100% full cache.
+    assert rep["kv_cache_usage_peak"] == 0.7
+    assert rep["running_peak"] == 194  # in flight on the server: both engines
+    assert rep["generation_tokens"] == 7400 and rep["preemptions"] == 2
+    e0, e1 = rep["engines"]
+    assert (e0["engine"], e0["generation_tokens"], e0["running_peak"]) == ("0", 3200, 142)
+    assert (e1["engine"], e1["running_peak"], e1["kv_cache_usage_peak"]) == ("1", 90, 0.6)
+    assert e0["preemptions"] == 2 and e1["preemptions"] == 0
+    assert rep["generation_balance"] == 3200 / 4200
+
+
+def test_engines_sort_numerically_and_other_labels_are_summed():
+    snap = parse('# TYPE vllm:generation_tokens counter\n'
+                 'vllm:generation_tokens_total{engine="10",model_name="a"} 1\n'
+                 'vllm:generation_tokens_total{engine="2",model_name="a"} 2\n'
+                 'vllm:generation_tokens_total{engine="2",model_name="b"} 3\n')
+    assert snap["vllm:generation_tokens"] == {"10": 1.0, "2": 5.0}
+    rep = watch([metrics({"10": {}, "2": {}}),
+                 metrics({"10": {"generation_tokens": 1}, "2": {"generation_tokens": 5}})])
+    assert [e["engine"] for e in rep["engines"]] == ["2", "10"]
