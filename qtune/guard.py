@@ -11,10 +11,15 @@ latter fires on the exit of the *thread* that forked, and needs preexec_fn.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+
+# The server's private temp dir (set by qtune.server): removed here when qtune
+# died, as qtune would have removed it.
+TMP_VAR = "QTUNE_SERVER_TMP"
 
 
 def main(argv: list[str]) -> int:
@@ -46,6 +51,8 @@ def main(argv: list[str]) -> int:
             deadline = time.monotonic() + 15
             while child.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
+            if os.environ.get(TMP_VAR):
+                shutil.rmtree(os.environ[TMP_VAR], ignore_errors=True)
             os.killpg(pgid, signal.SIGKILL)  # ends the guard too
 
 

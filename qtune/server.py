@@ -14,7 +14,10 @@ Knows nothing of any engine.  The rules it enforces (ecosystem.md §5):
 - stop = remember every descendant, SIGTERM the group, wait, SIGKILL the
   group and any survivor (vLLM's engine processes can outlive their parent);
 - every live server is registered so signal handlers and ``atexit`` can
-  stop it.
+  stop it;
+- each server gets a private TMPDIR, removed when it stops (by the guard if
+  qtune died): engines leave sockets and rendezvous files there, a few per
+  start, which a study of many starts would otherwise pile up in /tmp.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -38,6 +43,7 @@ import psutil
 
 from qtune.engines.base import LaunchSpec
 from qtune.errors import ServerError
+from qtune.guard import TMP_VAR
 
 _LIVE: set[Server] = set()
 _LIVE_LOCK = threading.Lock()
@@ -82,12 +88,18 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.ready_after: float | None = None
+        self.tmp: str | None = None
 
     # -- start ---------------------------------------------------------------
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = os.environ.copy()
         env.update(self.spec.env)
+        if "TMPDIR" not in self.spec.env:
+            self.tmp = tempfile.mkdtemp(prefix="qtune-server-")
+            env["TMPDIR"] = env[TMP_VAR] = self.tmp
+        for k, v in self.spec.host_env.items():
+            env.setdefault(k, v)
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child
         log.write(("$ " + " ".join(self.spec.argv) + "\n").encode())
         log.flush()
@@ -102,6 +114,7 @@ class Server:
                 start_new_session=True,  # own process group; no preexec_fn
             )
         except OSError as exc:
+            self._remove_tmp()
             raise ServerError(
                 f"cannot start {self.spec.argv[0]}: {exc}",
                 reason="environment",
@@ -236,6 +249,7 @@ class Server:
         with _LIVE_LOCK:
             _LIVE.discard(self)
         if proc is None:
+            self._remove_tmp()
             return
         # Record the tree first: once the leader dies, orphans are reparented
         # and can no longer be found from it.
@@ -263,6 +277,12 @@ class Server:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        self._remove_tmp()
+
+    def _remove_tmp(self) -> None:
+        tmp, self.tmp = self.tmp, None
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def __enter__(self) -> Server:
         self.start()

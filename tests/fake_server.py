@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -26,6 +28,10 @@ def main() -> None:
     opt = {opts[i]: opts[i + 1] if i + 1 < len(opts) and not opts[i + 1].startswith("--")
            else "1" for i in range(len(opts)) if opts[i].startswith("--")}
     ready_after = float(opt.get("--ready-after", 0))
+    # Leave a file in the temp dir, as engines do (sockets, rendezvous files),
+    # and show what the runner gave us.
+    tmp = tempfile.mkstemp(prefix="fake-server-")[1]
+    print(f"tmp {tmp} probe={os.environ.get('QTUNE_TEST_PROBE')}", flush=True)
     if "--stubborn-child" in opt:
         subprocess.Popen([sys.executable, "-c",
                           "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"

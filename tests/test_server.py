@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -48,6 +50,33 @@ def test_ready_then_stop_kills_the_whole_group(tmp_path):
         assert len(group_alive(pgid)) >= 3  # guard, server, stubborn grandchild
     assert group_alive(pgid) == []
     assert "$ " in (tmp_path / "s.log").read_text()  # command line logged
+
+
+def _server_tmp(log: Path) -> Path:
+    line = next(ln for ln in log.read_text().splitlines() if ln.startswith("tmp "))
+    return Path(line.split()[1])
+
+
+def test_each_server_gets_a_private_tmpdir_removed_when_it_stops(tmp_path):
+    sp = dataclasses.replace(spec(free_port()),
+                             host_env={"QTUNE_TEST_PROBE": "host", "PYTHONPATH": "x"})
+    with Server(sp, tmp_path / "s.log") as s:
+        s.wait_ready(30)
+        left = _server_tmp(tmp_path / "s.log")
+        assert left.exists() and left.parent == Path(s.tmp)
+        assert Path(s.tmp).parent == Path(tempfile.gettempdir())
+    assert not left.parent.exists()
+    log = (tmp_path / "s.log").read_text()
+    assert "probe=host" in log  # a host default applies when nothing sets it
+    # ... but never over the spec's own env (PYTHONPATH="x" would break the
+    # import of tests.fake_server) or the caller's environment.
+    os.environ["QTUNE_TEST_PROBE"] = "caller"
+    try:
+        with Server(sp, tmp_path / "t.log") as s:
+            s.wait_ready(30)
+    finally:
+        del os.environ["QTUNE_TEST_PROBE"]
+    assert "probe=caller" in (tmp_path / "t.log").read_text()
 
 
 def test_early_exit_ends_the_wait_at_once(tmp_path):
@@ -116,12 +145,15 @@ def test_guard_kills_the_server_when_qtune_is_killed(tmp_path):
                               text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     pgid = int(parent.stdout.readline())
     assert group_alive(pgid)
+    left = _server_tmp(tmp_path / "s.log")
+    assert left.exists()
     parent.kill()  # SIGKILL: no cleanup code of qtune's can run
     parent.wait()
     deadline = time.monotonic() + 30
     while group_alive(pgid) and time.monotonic() < deadline:
         time.sleep(0.3)
     assert group_alive(pgid) == []
+    assert not left.parent.exists()  # the guard removed the server's temp dir
 
 
 def test_free_port_is_bindable():

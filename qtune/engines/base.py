@@ -68,6 +68,11 @@ class LaunchSpec:
     # core repeats one while its workers are silent): a start whose log shows
     # nothing else for long is hung, not slow.
     idle_patterns: tuple[str, ...] = ()
+    # Defaults for runs on this host only, never part of a profile (the
+    # caller's environment and ``env`` win): the runner gives each server a
+    # private TMPDIR, removed with it, so an engine that keeps a cache under
+    # the temp dir points it back at the shared one here.
+    host_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
