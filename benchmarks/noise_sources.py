@@ -21,7 +21,9 @@ variance is between starts, longer measurements cannot help; repeated starts
 (``qtune search --confirm-top``, ``qtune verify``) or a steadier start can.
 
 ``--variant NAME=VAR=VALUE[,VAR=VALUE]`` adds a launch variant (extra
-environment) measured in the same session, starts interleaved: for example
+environment) measured in the same session, starts interleaved;
+``--prefix NAME=COMMAND`` runs that variant's server under a command
+(``taskset -c 1``); ``--pin-client CPUS`` pins the load client.  For example
 vLLM's recommended allocator,
 ``--variant tcmalloc=LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4``.
 
@@ -38,6 +40,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import time
@@ -109,6 +112,11 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="measurements per start (3)")
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=VAR=VALUE[,VAR=VALUE]: extra environment for a variant")
+    ap.add_argument("--prefix", action="append", default=[],
+                    help="NAME=COMMAND: run a variant's server under COMMAND "
+                    "(for example 'taskset -c 1')")
+    ap.add_argument("--pin-client", type=str,
+                    help="CPU list for this process (the load client), e.g. 1")
     ap.add_argument("--requests", type=int, help="override the profile's request count")
     ap.add_argument("--json", type=Path, help="write every figure here")
     ap.add_argument("--logs", type=Path, default=Path("studies/noise"), help="server logs")
@@ -122,11 +130,15 @@ def main() -> int:
     wl = Workload(**prof.workload)
     if args.requests:
         wl = dataclasses.replace(wl, requests=args.requests)
+    if args.pin_client:
+        os.sched_setaffinity(0, {int(c) for c in args.pin_client.split(",")})
+    prefixes = {n: c.split() for n, _, c in (p.partition("=") for p in args.prefix)}
     variants: list[tuple[str, dict[str, str]]] = [("as tuned", {})]
     for v in args.variant:
         name, _, assigns = v.partition("=")
         env = dict(a.split("=", 1) for a in assigns.split(",") if a)
         variants.append((name, env))
+    variants += [(n, {}) for n in prefixes if n not in dict(variants)]
     print(f"profile {prof.name}: {objective}; {wl.requests} requests, "
           f"concurrency {wl.concurrency}, rate {wl.rate}; {args.starts} starts x "
           f"{args.runs} runs per variant: {', '.join(n for n, _ in variants)}", flush=True)
@@ -138,7 +150,8 @@ def main() -> int:
         for name, extra in order:
             wait_until_alone(quiet=5.0)
             port = free_port()
-            spec = LaunchSpec(tuple(_with_port(prof.argv, port)), {**prof.env, **extra},
+            argv = prefixes.get(name, []) + _with_port(prof.argv, port)
+            spec = LaunchSpec(tuple(argv), {**prof.env, **extra},
                               "127.0.0.1", port, ctx.model.served_name, fatal_patterns=fatal)
             tag = name.replace(" ", "-")
             with Server(spec, args.logs / f"{tag}-{s}.log") as server:
