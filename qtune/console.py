@@ -382,12 +382,20 @@ def render_bench(res: dict[str, Any]) -> None:
             out.print(uneven)
 
 
+# Below this many finished requests per engine, which requests (and output
+# lengths) each engine happened to get moves its token count by itself.
+_MIN_REQUESTS_PER_ENGINE = 100
+
+
 def _uneven_replicas(sv: dict[str, Any] | None) -> str | None:
-    """A line when one data-parallel engine generated much less than another:
-    the front end balanced the requests, the replica was slower (its GPU, its
-    neighbours), and the trial's tail latency is that replica's."""
+    """A line when one data-parallel engine generated much less than another
+    over a run long enough to tell: a slower replica (its GPU, a neighbour)
+    or an uneven split by the front end; either way the trial's tail latency
+    is likely that replica's."""
     bal = (sv or {}).get("generation_balance")
     if bal is None or bal >= 0.8:
+        return None
+    if min(e.get("requests", 0) for e in sv["engines"]) < _MIN_REQUESTS_PER_ENGINE:
         return None
     gen = "/".join(str(e["generation_tokens"]) for e in sv["engines"])
     return (f"replicas uneven: generated tokens per engine {gen} "

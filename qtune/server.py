@@ -95,15 +95,26 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = os.environ.copy()
         env.update(self.spec.env)
-        if "TMPDIR" not in self.spec.env:
-            self.tmp = tempfile.mkdtemp(prefix="qtune-server-")
-            env["TMPDIR"] = env[TMP_VAR] = self.tmp
+        env.pop(TMP_VAR, None)  # the guard removes only a dir made here
         for k, v in self.spec.host_env.items():
             env.setdefault(k, v)
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child
         log.write(("$ " + " ".join(self.spec.argv) + "\n").encode())
         log.flush()
         guard = [sys.executable, "-m", "qtune.guard", str(os.getpid()), "--"]
+        if "TMPDIR" not in self.spec.env:
+            try:
+                # Short name: vLLM's ZeroMQ socket paths live under it, and a
+                # Unix socket path has 107 bytes.
+                self.tmp = tempfile.mkdtemp(prefix="qt-")
+            except OSError as exc:
+                log.close()
+                raise ServerError(
+                    f"cannot make a temp dir for the server: {exc}",
+                    reason="environment",
+                    hint="check that $TMPDIR (or /tmp) is writable and not full",
+                ) from None
+            env["TMPDIR"] = env[TMP_VAR] = self.tmp
         try:
             self.proc = subprocess.Popen(
                 guard + list(self.spec.argv),

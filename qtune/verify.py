@@ -81,7 +81,9 @@ def measure_sides(
     machine over the session does not favour a side; repeat r uses the
     workload's seed + r on every side, so the sides see the same prompts."""
     engine = get_engine(engine_name)
-    fatal = engine.launch_spec({}, ctx, host="127.0.0.1", port=8000).fatal_patterns
+    # The engine's watch patterns and this host's run defaults (vLLM: the
+    # shared compile cache) are the same for every side.
+    ref = engine.launch_spec({}, ctx, host="127.0.0.1", port=8000)
     wl, served = workload, ctx.model.served_name
     runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in sides}
     starts: dict[str, list[float]] = {s.label: [] for s in sides}
@@ -93,7 +95,8 @@ def measure_sides(
                 progress(f"repeat {r + 1}/{repeat}: {side.label}: starting")
             port = free_port()
             spec = LaunchSpec(tuple(_with_port(side.argv, port)), side.env, "127.0.0.1",
-                              port, served, fatal_patterns=fatal)
+                              port, served, fatal_patterns=ref.fatal_patterns,
+                              idle_patterns=ref.idle_patterns, host_env=ref.host_env)
             with Server(spec, log_dir / f"{side.label}-{r}.log") as server:
                 starts[side.label].append(
                     server.wait_ready(startup_timeout, classify=engine.classify))

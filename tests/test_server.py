@@ -79,6 +79,34 @@ def test_each_server_gets_a_private_tmpdir_removed_when_it_stops(tmp_path):
     assert "probe=caller" in (tmp_path / "t.log").read_text()
 
 
+def test_the_guard_only_ever_removes_a_dir_qtune_made(tmp_path, monkeypatch):
+    """A QTUNE_SERVER_TMP inherited from the caller, or a TMPDIR the spec
+    sets, must never become a path the guard deletes."""
+    from qtune.guard import TMP_VAR
+
+    mine = tmp_path / "users-own"
+    mine.mkdir()
+    monkeypatch.setenv(TMP_VAR, str(mine))
+    sp = dataclasses.replace(spec(free_port()), env={**spec(0).env, "TMPDIR": str(mine)})
+    with Server(sp, tmp_path / "s.log") as s:
+        s.wait_ready(30)
+        assert s.tmp is None
+        assert TMP_VAR not in psutil.Process(s.proc.pid).environ()
+    assert mine.exists()
+
+
+def test_no_temp_dir_is_an_environment_error_before_any_process(tmp_path, monkeypatch):
+    def full(**kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", full)
+    s = Server(spec(free_port()), tmp_path / "s.log")
+    with pytest.raises(ServerError) as e:
+        s.start()
+    assert e.value.reason == "environment" and "temp dir" in e.value.message
+    assert s.proc is None
+
+
 def test_early_exit_ends_the_wait_at_once(tmp_path):
     s = Server(spec(free_port(), "--exit-after", "0.2"), tmp_path / "s.log")
     t0 = time.monotonic()

@@ -37,3 +37,35 @@ def test_sides_rotate_and_each_repeat_starts_anew(monkeypatch, cpu_ctx, tmp_path
     med = {k: sorted(r["tpot_ms"]["p50"] for r in v)[1] for k, v in runs.items()}
     assert med["a"] < med["b"] < med["c"]
     assert all(r["completed"] == 6 and r["failed"] == 0 for v in runs.values() for r in v)
+
+
+class HostEnvEngine(FakeEngine):
+    """An engine with a host default (vLLM: the shared compile cache)."""
+
+    def launch_spec(self, params, ctx, *, host, port):
+        import dataclasses
+
+        spec = super().launch_spec(params, ctx, host=host, port=port)
+        return dataclasses.replace(spec, host_env={"QTUNE_TEST_CACHE": "/shared"})
+
+
+def test_verify_starts_carry_the_engines_host_defaults(monkeypatch, cpu_ctx, tmp_path):
+    """A profile's argv and env do not hold the host's run defaults (they
+    never reach a profile), so verify must take them from the engine: else
+    every verify start of a GPU profile compiles from cold."""
+    import qtune.verify as verify
+
+    monkeypatch.setitem(ENGINES, "hostenv", HostEnvEngine())
+    seen = []
+
+    class Spy(verify.Server):
+        def __init__(self, spec, log_path):
+            seen.append(spec)
+            super().__init__(spec, log_path)
+
+    monkeypatch.setattr(verify, "Server", Spy)
+    spec = HostEnvEngine().launch_spec({"delay_ms": 1}, cpu_ctx, host="127.0.0.1", port=1)
+    wl = Workload(input_len=8, output_len=4, concurrency=1, requests=2, warmup_requests=0)
+    measure_sides([Side("a", list(spec.argv), dict(spec.env))], "hostenv", cpu_ctx, wl, 1,
+                  startup_timeout=60, log_dir=tmp_path)
+    assert [s.host_env for s in seen] == [{"QTUNE_TEST_CACHE": "/shared"}]

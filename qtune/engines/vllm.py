@@ -239,7 +239,10 @@ class VLLM:
         it when it fails ``check`` or the memory estimate (unless
         --no-memory-check)."""
         dp = next((p for p in params if p.name == "data_parallel_size"), None)
-        tp = int((fixed or {}).get("tensor_parallel_size", 1))
+        fixed = fixed or {}
+        # GPUs per replica: a fixed tensor and/or pipeline split.
+        tp = (int(fixed.get("tensor_parallel_size", 1))
+              * int(fixed.get("pipeline_parallel_size", 1)))
         fit = [c for c in (dp.choices if dp else ()) if c * tp <= len(ctx.host.gpus)]
         if not fit or max(fit) < 2:
             return []

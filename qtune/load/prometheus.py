@@ -35,6 +35,7 @@ _COUNTERS = (
     "vllm:prefix_cache_hits",
     "vllm:prompt_tokens",
     "vllm:generation_tokens",
+    "vllm:request_success",
 )
 
 # sample name → engine label ("" where there is none) → value
@@ -148,6 +149,7 @@ class MetricsWatcher:
             peaks = self.engine_peaks
             out["engines"] = [{
                 "engine": e,
+                "requests": int(delta("vllm:request_success", e)),
                 "prompt_tokens": int(delta("vllm:prompt_tokens", e)),
                 "generation_tokens": int(delta("vllm:generation_tokens", e)),
                 "preemptions": int(delta("vllm:num_preemptions", e)),

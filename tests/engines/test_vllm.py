@@ -78,6 +78,11 @@ def test_seed_fills_the_gpus_around_a_fixed_tensor_parallel_size(cpu_ctx):
     assert point == {"data_parallel_size": 4} and "one per 2 GPUs" in why
     assert not VLLM().check({**point, "tensor_parallel_size": 2}, ctx)
     assert VLLM().seeds(params, ctx)[0][0] == {"data_parallel_size": 8}
+    # A fixed pipeline takes GPUs per replica too: tp 2 x pp 2 leaves 2 replicas.
+    fixed = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}
+    (point, why), = VLLM().seeds(params, ctx, fixed)
+    assert point == {"data_parallel_size": 2} and "one per 4 GPUs" in why
+    assert not VLLM().check({**point, **fixed}, ctx)
 
 
 def test_tp_pins_an_allreduce_without_multicast_where_the_host_forbids_it(

@@ -23,7 +23,8 @@ def metrics(engines: dict[str, dict[str, float]]) -> str:
                        ("vllm:kv_cache_usage_perc", "gauge"),
                        ("vllm:generation_tokens", "counter"),
                        ("vllm:prompt_tokens", "counter"),
-                       ("vllm:num_preemptions", "counter")):
+                       ("vllm:num_preemptions", "counter"),
+                       ("vllm:request_success", "counter")):
         lines.append(f"# TYPE {name} {kind}")
         for e, vals in engines.items():
             key = name.split(":")[1]
@@ -78,9 +79,10 @@ def test_data_parallel_counts_add_up_but_kv_usage_is_the_fullest_engine():
                  "1": {"num_requests_running": 52, "kv_cache_usage_perc": 0.3,
                        "generation_tokens": 4200}}),
         metrics({"0": {"num_requests_running": 10, "kv_cache_usage_perc": 0.1,
-                       "generation_tokens": 3200, "num_preemptions": 2},
+                       "generation_tokens": 3200, "num_preemptions": 2,
+                       "request_success": 12},
                  "1": {"num_requests_running": 90, "kv_cache_usage_perc": 0.6,
-                       "generation_tokens": 4200}}),
+                       "generation_tokens": 4200, "request_success": 16}}),
     ])
     # Summed, two 70%/30% engines would read as a 100% full cache.
     assert rep["kv_cache_usage_peak"] == 0.7
@@ -90,6 +92,7 @@ def test_data_parallel_counts_add_up_but_kv_usage_is_the_fullest_engine():
     assert (e0["engine"], e0["generation_tokens"], e0["running_peak"]) == ("0", 3200, 142)
     assert (e1["engine"], e1["running_peak"], e1["kv_cache_usage_peak"]) == ("1", 90, 0.6)
     assert e0["preemptions"] == 2 and e1["preemptions"] == 0
+    assert (e0["requests"], e1["requests"]) == (12, 16)
     assert rep["generation_balance"] == 3200 / 4200
 
 
