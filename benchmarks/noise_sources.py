@@ -55,7 +55,6 @@ import psutil  # noqa: E402
 from _common import Monitor, fmt, table, wait_until_alone  # noqa: E402
 
 from qtune.engines import get_engine  # noqa: E402
-from qtune.engines.base import LaunchSpec  # noqa: E402
 from qtune.load import run_load  # noqa: E402
 from qtune.load.workload import Workload  # noqa: E402
 from qtune.metrics import metric_value, summarize  # noqa: E402
@@ -125,7 +124,7 @@ def main() -> int:
     prof = Profile.load(args.profile)
     ctx = profile_context(prof)
     engine = get_engine(prof.engine.name)
-    fatal = engine.launch_spec({}, ctx, host="127.0.0.1", port=8000).fatal_patterns
+    ref = engine.launch_spec({}, ctx, host="127.0.0.1", port=8000)  # as verify does
     objective = prof.metrics.get("objective", {}).get("name", "e2e_p99")
     wl = Workload(**prof.workload)
     if args.requests:
@@ -151,8 +150,8 @@ def main() -> int:
             wait_until_alone(quiet=5.0)
             port = free_port()
             argv = prefixes.get(name, []) + _with_port(prof.argv, port)
-            spec = LaunchSpec(tuple(argv), {**prof.env, **extra},
-                              "127.0.0.1", port, ctx.model.served_name, fatal_patterns=fatal)
+            spec = dataclasses.replace(ref, argv=tuple(argv), env={**prof.env, **extra},
+                                       port=port)
             tag = name.replace(" ", "-")
             with Server(spec, args.logs / f"{tag}-{s}.log") as server:
                 ready = server.wait_ready(600, classify=engine.classify)

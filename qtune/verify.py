@@ -17,7 +17,7 @@ from typing import Any
 
 from qtune.bench import KEY_METRICS, BenchConfig, _bootstrap_median, _ratio_ci, measure
 from qtune.engines import get_engine
-from qtune.engines.base import LaunchSpec, SpaceContext
+from qtune.engines.base import SpaceContext
 from qtune.errors import EngineError, ModelError, ProfileError
 from qtune.host import probe
 from qtune.load.workload import Workload
@@ -81,8 +81,9 @@ def measure_sides(
     machine over the session does not favour a side; repeat r uses the
     workload's seed + r on every side, so the sides see the same prompts."""
     engine = get_engine(engine_name)
-    # The engine's watch patterns and this host's run defaults (vLLM: the
-    # shared compile cache) are the same for every side.
+    # The engine's own spec, with each side's command in it: its watch
+    # patterns and this host's run defaults (vLLM: the shared compile cache)
+    # hold for every side, and a field added to LaunchSpec is not dropped.
     ref = engine.launch_spec({}, ctx, host="127.0.0.1", port=8000)
     wl, served = workload, ctx.model.served_name
     runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in sides}
@@ -94,9 +95,8 @@ def measure_sides(
             if progress:
                 progress(f"repeat {r + 1}/{repeat}: {side.label}: starting")
             port = free_port()
-            spec = LaunchSpec(tuple(_with_port(side.argv, port)), side.env, "127.0.0.1",
-                              port, served, fatal_patterns=ref.fatal_patterns,
-                              idle_patterns=ref.idle_patterns, host_env=ref.host_env)
+            spec = dataclasses.replace(ref, argv=tuple(_with_port(side.argv, port)),
+                                       env=side.env, port=port)
             with Server(spec, log_dir / f"{side.label}-{r}.log") as server:
                 starts[side.label].append(
                     server.wait_ready(startup_timeout, classify=engine.classify))

@@ -241,13 +241,13 @@ class VLLM:
         dp = next((p for p in params if p.name == "data_parallel_size"), None)
         fixed = fixed or {}
         # GPUs per replica: a fixed tensor and/or pipeline split.
-        tp = (int(fixed.get("tensor_parallel_size", 1))
-              * int(fixed.get("pipeline_parallel_size", 1)))
-        fit = [c for c in (dp.choices if dp else ()) if c * tp <= len(ctx.host.gpus)]
+        size = (int(fixed.get("tensor_parallel_size", 1))
+                * int(fixed.get("pipeline_parallel_size", 1)))
+        fit = [c for c in (dp.choices if dp else ()) if c * size <= len(ctx.host.gpus)]
         if not fit or max(fit) < 2:
             return []
         n = max(fit)
-        per = "GPU" if tp == 1 else f"{tp} GPUs"
+        per = "GPU" if size == 1 else f"{size} GPUs"
         return [({"data_parallel_size": n},
                  f"the engine defaults with {n} replicas, one per {per}")]
 
