@@ -317,6 +317,47 @@ def test_engine_seeds_run_after_the_baseline_and_before_the_design(fake, monkeyp
     assert sum(t.params == {"delay_ms": 1} for t in res2.trials) == 1
 
 
+def test_a_seed_that_beats_the_defaults_anchors_the_start_design(fake, monkeypatch):
+    """The seed (1 ms) beats the defaults (10 ms): the design keeps its
+    delay_ms and spreads both of its points over the other parameters."""
+    monkeypatch.setitem(ENGINES, "fake", SeedingEngine())
+    cfg = dataclasses.replace(fake, trials=6, sampler="tpe", confirm_top=0, study="anchor")
+    res = tune(cfg)
+    assert res.trials[1].params == {"delay_ms": 1} and res.trials[1].value < \
+        res.trials[0].value
+    import optuna
+
+    from qtune.search import open_storage
+    study = optuna.load_study(study_name="anchor", storage=open_storage(res.storage))
+    design = [t for t in study.trials if t.user_attrs.get("design")]
+    assert len(design) == 2
+    assert all(t.params["delay_ms"] == 1 and t.user_attrs["around_seed"] == {"delay_ms": 1}
+               for t in design)
+    assert {t.params["crash"] for t in design} == {False, True}
+
+
+class LosingSeedEngine(FakeEngine):
+    def seeds(self, params: list[Param], ctx: SpaceContext,
+              fixed: dict | None = None) -> list[tuple[dict, str]]:
+        return [({"delay_ms": 30}, "a slow guess")]
+
+
+def test_a_seed_that_loses_to_the_defaults_leaves_the_design_free(fake, monkeypatch):
+    monkeypatch.setitem(ENGINES, "fake", LosingSeedEngine())
+    cfg = dataclasses.replace(fake, trials=6, sampler="tpe", confirm_top=0, study="free")
+    res = tune(cfg)
+    seed = res.trials[1]  # pruned (worse than the best so far) or measured slower
+    assert seed.params == {"delay_ms": 30}
+    assert seed.value is None or seed.value > res.trials[0].value
+    import optuna
+
+    from qtune.search import open_storage
+    study = optuna.load_study(study_name="free", storage=open_storage(res.storage))
+    design = [t for t in study.trials if t.user_attrs.get("design")]
+    assert {t.params["delay_ms"] for t in design} == {1, 30}
+    assert not any("around_seed" in t.user_attrs for t in design)
+
+
 def test_a_seed_left_for_a_resume_runs_as_itself(fake, monkeypatch):
     """A first run that ends at the baseline queues nothing; the resume runs
     the seed as its own trial (not a queued design point in its place), and
