@@ -1,7 +1,8 @@
 #!/bin/bash
 # Runs on the device machine from the repo copy.  Usage:
 #   device_run.sh copy N   copy the carried wheel part folder .gpuwheels/pN to /tmp/wh
-#   device_run.sh start    join the parts, install into /tmp/site, probe, then run
+#                          (parts of 48 MB: the repo and one part must stay under 64 MiB)
+#   device_run.sh start    copy the last part (.gpuwheels/p$LAST, 7), join the parts, install into /tmp/site, probe, then run
 #                          search -> emit -> verify in the background (setsid), and wait
 #   device_run.sh wait     wait for the background chain
 # The study's extra flags come from $SEARCH_ARGS (say --trials 12 --time-budget 14 on
@@ -20,10 +21,10 @@ case "$1" in
 copy)
   cp .gpuwheels/p$2/* /tmp/wh/ && ls -la /tmp/wh && nvidia-smi -L; exit 0 ;;
 start)
-  date +%s > $Q/t0
+  date +%s > $Q/t0; REPO=$PWD
   rm -rf /tmp/qrepo && mkdir -p /tmp/qrepo && cp -r qtune examples pyproject.toml /tmp/qrepo/ \
     && mkdir -p /tmp/qrepo/studies /tmp/qrepo/profiles
-  cp .gpuwheels/p6/* /tmp/wh/ && cd /tmp/wh && cat part.0 part.1 part.2 part.3 part.4 part.5 part.6 \
+  cp .gpuwheels/p${LAST:-7}/* /tmp/wh/ && cd /tmp/wh && cat $(ls part.* | sort -t. -k2 -n) \
     > all.tar && sha256sum all.tar && mkdir -p w && tar xf all.tar -C w && rm -f part.* all.tar || exit 3
   t=$(date +%s); python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --target /tmp/site /tmp/wh/w/*.whl 2>&1 | tail -3; echo "install_s=$(( $(date +%s)-t ))"
@@ -31,7 +32,7 @@ start)
   python3 -c "import vllm, optuna, typer, qtune.cli; print('vllm', vllm.__version__, 'optuna', optuna.__version__)" 2>&1 | tail -2
   python3 -m qtune probe --json > $Q/probe.json 2> $Q/probe.err; echo "probe json rc=$?"
   python3 -m qtune probe > $Q/probe.txt 2>&1; echo "probe rc=$?"
-  [ -n "${RESUME:-}" ] && cp "$RESUME" $Q/h200.log && echo "resuming $RESUME"
+  [ -n "${RESUME:-}" ] && cp "$REPO/$RESUME" $Q/h200.log && echo "resuming $RESUME"
   echo "SEARCH_ARGS='${SEARCH_ARGS:---trials 9 --time-budget 12}'; VERIFY=${VERIFY:-1}" > $Q/chain.sh
   cat >> $Q/chain.sh <<'EOC'
 cd /tmp/qrepo; Q=/tmp/qt

@@ -10,8 +10,11 @@ A data-parallel server reports each engine under its own ``engine`` label.
 Counts (requests, tokens) add up over engines; a fraction (KV-cache usage)
 does not, so its peak is the fullest engine's.  With several engines the
 report also gives each one's figures: one slow replica behind a balanced
-front end shows only there (2xH200: 3.2k against 4.2k generated tokens/s
-in the start whose p99 was 2.7 times the others').
+front end shows only there.  It shows as a queue, not as fewer tokens: the
+front end splits requests by arrival and every one finishes, so over a run
+each engine generates the same; the slow one holds more requests at once
+(2xH200: 142 against 52 running in the start whose p99 was 2.7 times the
+others', 47 against 49 in a normal one).
 """
 
 from __future__ import annotations
@@ -156,9 +159,10 @@ class MetricsWatcher:
                 "running_peak": peaks.get("vllm:num_requests_running", {}).get(e),
                 "kv_cache_usage_peak": peaks.get("vllm:kv_cache_usage_perc", {}).get(e),
             } for e in engines]
-            gen = [r["generation_tokens"] for r in out["engines"]]
-            # Slowest replica against the fastest: 1.0 is even work.
-            out["generation_balance"] = min(gen) / max(gen) if max(gen) > 0 else None
+            run = [r["running_peak"] for r in out["engines"]]
+            # Least busy replica's peak against the busiest's: 1.0 is even.
+            out["running_balance"] = (min(run) / max(run)
+                                      if None not in run and max(run) > 0 else None)
         return out
 
 

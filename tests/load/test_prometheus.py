@@ -93,7 +93,7 @@ def test_data_parallel_counts_add_up_but_kv_usage_is_the_fullest_engine():
     assert (e1["engine"], e1["running_peak"], e1["kv_cache_usage_peak"]) == ("1", 90, 0.6)
     assert e0["preemptions"] == 2 and e1["preemptions"] == 0
     assert (e0["requests"], e1["requests"]) == (12, 16)
-    assert rep["generation_balance"] == 3200 / 4200
+    assert rep["running_balance"] == 90 / 142
 
 
 def test_engines_sort_numerically_and_other_labels_are_summed():
