@@ -34,6 +34,7 @@ from qtune.engines.base import (
     classify_by_patterns,
 )
 from qtune.estimate import Estimate, GiB, estimate_cpu, estimate_gpu
+from qtune.host import NO_MULTICAST
 
 # Root-cause strings from the startup log → failure class.  Order matters:
 # the wrapper error ("Engine core initialization failed") comes last.
@@ -96,22 +97,17 @@ _SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 _IDLE = (r"No available shared memory broadcast block found",)
 
 # A host that forbids NVLink multicast (shared GPUs can be put out of service
-# by it) says so in these variables, which only NCCL, PyTorch and NVSHMEM
-# read.  vLLM's fused all-reduce (TP > 1) picks FlashInfer's "mnnvl" backend
-# by itself, and that one creates multicast objects of its own: seen on
-# 2xH200, where it then died with an illegal memory access.  FlashInfer's
-# "trtllm" backend uses PyTorch's symmetric memory, which honours them, but on
-# the same host it then hung at start (no log line for 145 s after choosing
-# it).  So there qtune turns the fusion pass off where the installed vLLM
-# names it, and TP all-reduce falls back to vLLM's own CUDA-IPC kernel; the
-# backend pin stays for versions without that pass name.
-_NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                 "NVSHMEM_DISABLE_NVLS": "1"}
+# by it) says so in variables that only NCCL, PyTorch and NVSHMEM read
+# (qtune.host.NO_MULTICAST; the probe keeps them).  vLLM's fused all-reduce
+# (TP > 1) picks FlashInfer's "mnnvl" backend by itself, and that one creates
+# multicast objects of its own: seen on 2xH200, where it then died with an
+# illegal memory access.  FlashInfer's "trtllm" backend uses PyTorch's
+# symmetric memory, which honours them, but on the same host it then hung at
+# start (no log line for 145 s after choosing it).  So there qtune turns the
+# fusion pass off where the installed vLLM names it, and TP all-reduce falls
+# back to vLLM's own CUDA-IPC kernel (run 6: it starts, 109 s); the backend
+# pin stays for versions without that pass name.
 _FI_ALLREDUCE = "VLLM_FLASHINFER_ALLREDUCE_BACKEND"
-
-
-def _multicast_forbidden(environ: Mapping[str, str]) -> bool:
-    return any(environ.get(k) == v for k, v in _NO_MULTICAST.items())
 
 
 def _pow2_between(lo: int, hi: int) -> list[int]:
@@ -254,13 +250,14 @@ class VLLM:
     @staticmethod
     def _no_multicast(params: Mapping[str, Any], ctx: SpaceContext,
                       env: dict[str, str]) -> dict[str, Any]:
-        """TP on a host that forbids NVLink multicast (see _NO_MULTICAST).
+        """TP on a host that forbids NVLink multicast (HostFacts.multicast_forbidden).
         The host's own settings go into the launch env, so a profile's unit
         or container keeps them; the fused all-reduce pass is turned off
         (merged into the user's compilation config, unless it sets the pass
         itself); FlashInfer's backend is pinned unless the user chose one."""
-        env.update({k: os.environ[k] for k in _NO_MULTICAST if k in os.environ})
-        if _FI_ALLREDUCE not in os.environ:
+        comm = ctx.host.comm_env
+        env.update({k: comm[k] for k in NO_MULTICAST if k in comm})
+        if _FI_ALLREDUCE not in comm:
             env[_FI_ALLREDUCE] = "trtllm"
         out = dict(params)
         cc = (ctx.engine_args or {}).get("compilation_config") or {}
@@ -442,7 +439,7 @@ class VLLM:
         env = {"HF_HUB_OFFLINE": "1"}
         if ctx.install.pythonpath:
             env["PYTHONPATH"] = ctx.install.pythonpath
-        if int(params.get("tensor_parallel_size", 1)) > 1 and _multicast_forbidden(os.environ):
+        if int(params.get("tensor_parallel_size", 1)) > 1 and ctx.host.multicast_forbidden:
             params = self._no_multicast(params, ctx, env)
         for name, value in sorted(params.items()):
             if name == "quantization" and value == "none":

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,13 @@ class Finding:
     fix: str
 
 
+# How a host turns NVLink multicast off, per library that reads it.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
+# Names kept in HostFacts.comm_env: no secret has these prefixes.
+_COMM_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM_", "NVSHMEM_", "VLLM_FLASHINFER_")
+
+
 @dataclass(frozen=True)
 class HostFacts:
     hostname: str
@@ -55,6 +63,16 @@ class HostFacts:
     usable_cpus: list[int]
     findings: list[Finding] = field(default_factory=list)
     nofile_limit: int | None = None  # RLIMIT_NOFILE soft limit of this process
+    # GPU-communication settings in qtune's environment (a server started from
+    # here inherits them): how a shared host forbids NVLink multicast, and a
+    # user's choice of all-reduce backend.
+    comm_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def multicast_forbidden(self) -> bool:
+        """NVLink multicast is turned off for NCCL, PyTorch or NVSHMEM (on a
+        shared host it can put GPUs out of service)."""
+        return any(self.comm_env.get(k) == v for k, v in NO_MULTICAST.items())
 
     @property
     def gpus(self) -> list[GPU]:
@@ -105,6 +123,7 @@ class HostFacts:
                 "error": self.engines.error,
             },
             "nofile_limit": self.nofile_limit,
+            "comm_env": self.comm_env,
             "findings": [dataclasses.asdict(f) for f in self.findings],
             "fingerprint": self.fingerprint(),
         }
@@ -116,6 +135,7 @@ def probe(
     engine_python: str | None = None,
     nvml: Any = None,
     usable_cpus: list[int] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> HostFacts:
     cpu = read_cpu(root)
     numa = read_numa(root, cpu.online)
@@ -133,8 +153,14 @@ def probe(
         engines=find_engines(engine_python or sys.executable),
         usable_cpus=usable_cpus,
         nofile_limit=_nofile() if root == Path("/") else None,
+        comm_env=comm_env(os.environ if environ is None and root == Path("/")
+                          else environ or {}),
     )
     return dataclasses.replace(facts, findings=findings(facts))
+
+
+def comm_env(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(_COMM_PREFIXES)}
 
 
 def _nofile() -> int | None:
@@ -268,6 +294,19 @@ def findings(facts: HostFacts) -> list[Finding]:
                     "nvidia-smi -pm 1  (or enable nvidia-persistenced)",
                 )
             )
+    if len(facts.gpus) > 1 and facts.multicast_forbidden:
+        off = ", ".join(f"{k}={v}" for k, v in facts.comm_env.items() if k in NO_MULTICAST)
+        out.append(
+            Finding(
+                "nvlink-multicast-off",
+                "info",
+                f"NVLink multicast is turned off here ({off}); FlashInfer's "
+                "fused all-reduce creates multicast objects of its own and "
+                "crashed or hung on such a host",
+                "nothing to do: qtune launches tensor-parallel servers with that "
+                "fusion off here, and its units carry these settings",
+            )
+        )
     if len(facts.numa) > 1 and not facts.gpus:
         out.append(
             Finding(

@@ -86,29 +86,29 @@ def test_seed_fills_the_gpus_around_a_fixed_tensor_parallel_size(cpu_ctx):
 
 
 def test_tp_pins_an_allreduce_without_multicast_where_the_host_forbids_it(
-        cpu_ctx, monkeypatch):
+        cpu_ctx):
     from qtune.host.gpu import GPU, GPUReport
 
     gpus = [GPU(i, "NVIDIA H200", f"GPU-{i}", 150 * 2**30, 150 * 2**30, "9.0",
                 f"0000:0{i}:00.0", 0, [], 5, 16, 5, 16) for i in range(2)]
     host = dataclasses.replace(cpu_ctx.host, gpu=GPUReport(gpus, "580", "13.0", None))
-    ctx = dataclasses.replace(cpu_ctx, host=host,
-                              install=dataclasses.replace(cpu_ctx.install, build="cuda"))
+    comm: dict[str, str] = {}  # the probe's view of qtune's environment
+
+    def ctx():
+        return dataclasses.replace(cpu_ctx, host=dataclasses.replace(host, comm_env=comm),
+                                   install=dataclasses.replace(cpu_ctx.install, build="cuda"))
 
     def env(params):
-        return VLLM().launch_spec(params, ctx, host="127.0.0.1", port=1).env
+        return VLLM().launch_spec(params, ctx(), host="127.0.0.1", port=1).env
 
     def argv(params, fields=("fuse_allreduce_rms",)):  # with the installed vLLM's facts
         args = {"compilation_config": {"flag": "--compilation-config", "kind": "str",
                                        "pass_config_fields": list(fields)}}
-        c = dataclasses.replace(ctx, engine_args=args)
+        c = dataclasses.replace(ctx(), engine_args=args)
         return VLLM().launch_spec(params, c, host="127.0.0.1", port=1).argv
 
-    for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-              "NVSHMEM_DISABLE_NVLS", "VLLM_FLASHINFER_ALLREDUCE_BACKEND"):
-        monkeypatch.delenv(k, raising=False)
     assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env({"tensor_parallel_size": 2})
-    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    comm["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
     assert env({"tensor_parallel_size": 2})["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "trtllm"
     # Where the installed vLLM names the fused all-reduce pass, it is turned
     # off (trtllm hung at start on that host); an older vLLM only gets the pin.
@@ -130,7 +130,7 @@ def test_tp_pins_an_allreduce_without_multicast_where_the_host_forbids_it(
     # does not inherit the shell's environment).
     assert env({"tensor_parallel_size": 2})["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env({"data_parallel_size": 2})
-    monkeypatch.setenv("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "mnnvl")  # the user's choice
+    comm["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = "mnnvl"  # the user's choice
     assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env({"tensor_parallel_size": 2})
     assert "--compilation-config" in argv({"tensor_parallel_size": 2})  # the pass stays off
 

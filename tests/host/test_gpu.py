@@ -201,6 +201,33 @@ def test_h200x2_host_facts_and_findings():
     assert set(host_findings(facts)) == {"numa-memory-view"}
 
 
+# The lent 2xH200 machine's environment (seen in run 4), with secrets beside it.
+X2_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+          "NVSHMEM_DISABLE_NVLS": "1", "HF_TOKEN": "hf_secret", "VLLM_API_KEY": "k",
+          "PATH": "/usr/bin"}
+
+
+def test_a_host_that_forbids_nvlink_multicast_says_so():
+    facts = probe(root=H200X2, nvml=replay(H200X2), engine_python=sys.executable,
+                  environ=X2_ENV)
+    assert facts.multicast_forbidden
+    # Only communication settings are kept: never a token or key.
+    assert facts.comm_env == {k: X2_ENV[k] for k in
+                              ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS",
+                               "TORCH_SYMM_MEM_DISABLE_MULTICAST")}
+    assert "hf_secret" not in json.dumps(facts.to_dict())
+    found = host_findings(facts)
+    assert set(found) == {"numa-memory-view", "nvlink-multicast-off"}
+    assert "NCCL_NVLS_ENABLE=0" in found["nvlink-multicast-off"].seen
+    # One GPU: nothing to all-reduce across, nothing to say.
+    one = probe(root=H200, nvml=replay(H200), engine_python=sys.executable, environ=X2_ENV)
+    assert one.multicast_forbidden and "nvlink-multicast-off" not in host_findings(one)
+    # Multicast allowed (a value other than the "off" one): no finding.
+    on = probe(root=H200X2, nvml=replay(H200X2), engine_python=sys.executable,
+               environ={"NCCL_NVLS_ENABLE": "1"})
+    assert not on.multicast_forbidden and "nvlink-multicast-off" not in host_findings(on)
+
+
 def degraded_x2() -> dict:
     # The real record, with GPU 1's link trained down and persistence off.
     rec = copy.deepcopy(record(H200X2))
