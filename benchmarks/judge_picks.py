@@ -100,7 +100,7 @@ def main() -> int:
             done[0] += 1
             print(f"[{done[0]}/{n}] {time.monotonic() - t0:5.0f} s  {text}", flush=True)
 
-    runs, starts = measure_sides(sides, ref.engine.name, ctx, Workload(**ref.workload),
+    runs, starts, _failed = measure_sides(sides, ref.engine.name, ctx, Workload(**ref.workload),
                                  args.repeats, progress=progress, log_dir=out / "judge")
     wall = time.monotonic() - t0
 

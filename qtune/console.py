@@ -426,6 +426,10 @@ def render_verify(res: dict[str, Any]) -> None:
     out.print(t)
     if res.get("note"):
         out.print(f"note: {res['note']}")
+    for side, why in (res.get("failed_starts") or {}).items():
+        if why:
+            out.print(f"{side}: {len(why)} of {res['repeats']} starts failed "
+                      f"({'; '.join(sorted(set(why)))}): its figures are from the rest")
     g = res["metrics"].get(res["objective"], {}).get("gain")
     if g and g["ci95"]:
         verdict = ("confirmed" if g["ci95"][0] > 1 else

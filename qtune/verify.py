@@ -13,12 +13,12 @@ import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from qtune.bench import KEY_METRICS, BenchConfig, _bootstrap_median, _ratio_ci, measure
 from qtune.engines import get_engine
 from qtune.engines.base import SpaceContext
-from qtune.errors import EngineError, ModelError, ProfileError
+from qtune.errors import EngineError, ModelError, ProfileError, ServerError
 from qtune.host import probe
 from qtune.load.workload import Workload
 from qtune.metrics import metric_value
@@ -64,6 +64,14 @@ def profile_context(profile: Profile) -> SpaceContext:
     return SpaceContext(host, model, install, mml)
 
 
+class Measured(NamedTuple):
+    runs: dict[str, list[dict[str, Any]]]  # per side, the summaries of its runs
+    starts: dict[str, list[float]]  # per side, seconds to ready of those runs
+    # per side, the starts that failed: a flaky start is a data point (it is
+    # reported), not the end of a measurement that has run for many minutes
+    failed: dict[str, list[ServerError]]
+
+
 def measure_sides(
     sides: list[Side],
     engine_name: str,
@@ -74,7 +82,7 @@ def measure_sides(
     startup_timeout: float = 600.0,
     log_dir: Path = Path("studies/verify"),
     on_run: Callable[[str], None] | None = None,
-) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[float]]]:
+) -> Measured:
     """Start each side anew per repeat and run the workload on it.
 
     The order rotates by one side per repeat (ABBA for two), so a drift of the
@@ -88,6 +96,7 @@ def measure_sides(
     wl, served = workload, ctx.model.served_name
     runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in sides}
     starts: dict[str, list[float]] = {s.label: [] for s in sides}
+    failed: dict[str, list[ServerError]] = {s.label: [] for s in sides}
     log_dir.mkdir(parents=True, exist_ok=True)
     n = len(sides)
     for r in range(repeat):
@@ -97,23 +106,29 @@ def measure_sides(
             port = free_port()
             spec = dataclasses.replace(ref, argv=tuple(_with_port(side.argv, port)),
                                        env=side.env, port=port)
-            with Server(spec, log_dir / f"{side.label}-{r}.log") as server:
-                starts[side.label].append(
-                    server.wait_ready(startup_timeout, classify=engine.classify))
-                w = dataclasses.replace(wl, seed=wl.seed + r)
-                cfg = BenchConfig(urls=[spec.base_url], workload=w, model=served,
-                                  tokenizer=ctx.model.tokenizer_dir)
+            try:
+                with Server(spec, log_dir / f"{side.label}-{r}.log") as server:
+                    ready = server.wait_ready(startup_timeout, classify=engine.classify)
+                    w = dataclasses.replace(wl, seed=wl.seed + r)
+                    cfg = BenchConfig(urls=[spec.base_url], workload=w, model=served,
+                                      tokenizer=ctx.model.tokenizer_dir)
 
-                def tick(text: str, side: Side = side, r: int = r) -> None:
-                    if progress:
-                        progress(f"repeat {r + 1}/{repeat}: {side.label}: {text}")
+                    def tick(text: str, side: Side = side, r: int = r) -> None:
+                        if progress:
+                            progress(f"repeat {r + 1}/{repeat}: {side.label}: {text}")
 
-                runs[side.label].append(measure(spec.base_url, served, w, cfg,
-                                                progress=tick))
+                    summary = measure(spec.base_url, served, w, cfg, progress=tick)
+            except ServerError as e:
+                failed[side.label].append(e)
+                if on_run:
+                    on_run(f"repeat {r + 1}/{repeat}: {side.label}: start failed: "
+                           f"{e.reason}: {e.detail or e}")
+                continue
+            starts[side.label].append(ready)
+            runs[side.label].append(summary)
             if on_run:  # one lasting line per run: the spinner alone vanishes
-                on_run(f"repeat {r + 1}/{repeat}: {side.label}: "
-                       + run_line(runs[side.label][-1], starts[side.label][-1]))
-    return runs, starts
+                on_run(f"repeat {r + 1}/{repeat}: {side.label}: " + run_line(summary, ready))
+    return Measured(runs, starts, failed)
 
 
 def run_line(summary: dict[str, Any], start_s: float) -> str:
@@ -152,10 +167,12 @@ def verify(
         note = None
         b = Side("other", against.argv, dict(against.env))
     t0 = time.monotonic()
-    runs, starts = measure_sides([a, b], profile.engine.name, ctx,
-                                 Workload(**profile.workload), repeat, progress=progress,
-                                 startup_timeout=startup_timeout, log_dir=log_dir,
-                                 on_run=on_run)
+    runs, starts, failed_starts = measure_sides(
+        [a, b], profile.engine.name, ctx, Workload(**profile.workload), repeat,
+        progress=progress, startup_timeout=startup_timeout, log_dir=log_dir, on_run=on_run)
+    for side in (a, b):
+        if not runs[side.label]:  # nothing to compare: why it never started
+            raise failed_starts[side.label][-1]
     objective = profile.metrics.get("objective", {}).get("name", "e2e_p99")
     metrics = [objective] + [m for m in KEY_METRICS if m != objective]
     table: dict[str, Any] = {}
@@ -176,6 +193,8 @@ def verify(
     failed = {k: sum(s["failed"] for s in v) for k, v in runs.items()}
     return {"profile": profile.name, "against": b.label, "repeats": repeat,
             "objective": objective, "metrics": table, "failed_requests": failed,
+            "failed_starts": {k: [f"{e.reason}: {e.detail or e}" for e in v]
+                              for k, v in failed_starts.items()},
             "startup_s": starts, "note": note, "wall_s": time.monotonic() - t0}
 
 

@@ -21,3 +21,26 @@ def test_uneven_replicas_are_named_even_ones_are_not():
     light = [dict(e, running_peak=p) for e, p in zip(engines, (9.0, 3.0), strict=True)]
     assert _uneven_replicas({"engines": light, "running_balance": 1 / 3}) is None
     assert _uneven_replicas(None) is None  # no /metrics
+
+
+def test_verify_names_the_starts_that_failed(monkeypatch):
+    import io
+
+    import qtune.console as console
+
+    buf = io.StringIO()
+    # A console of the same kind that writes to a buffer (rich is imported in
+    # qtune/console.py only).
+    monkeypatch.setattr(console, "out", type(console.out)(file=buf, width=200))
+    row = {"median": 2.0, "ci95": [1.9, 2.1], "values": [1.9, 2.0, 2.1]}
+    console.render_verify({
+        "profile": "p", "against": "defaults", "repeats": 3, "objective": "e2e_p99",
+        "metrics": {"e2e_p99": {"profile": row, "defaults": dict(row, median=6.0),
+                                "gain": {"ratio": 3.0, "ci95": [2.8, 3.2]}}},
+        "failed_starts": {"profile": ["oom: CUDA out of memory"], "defaults": []},
+    })
+    text = buf.getvalue()
+    assert ("profile: 1 of 3 starts failed (oom: CUDA out of memory): its figures "
+            "are from the rest") in text
+    assert text.count("starts failed") == 1  # the side whose starts all ran: no line
+    assert "e2e_p99: gain 3.00x, confirmed" in text

@@ -24,7 +24,7 @@ def test_sides_rotate_and_each_repeat_starts_anew(monkeypatch, cpu_ctx, tmp_path
 
     wl = Workload(input_len=8, output_len=6, concurrency=2, requests=6, warmup_requests=0)
     lines: list[str] = []
-    runs, starts = measure_sides(sides, "fake", cpu_ctx, wl, 3, progress=progress,
+    runs, starts, failed = measure_sides(sides, "fake", cpu_ctx, wl, 3, progress=progress,
                                  startup_timeout=60, log_dir=tmp_path, on_run=lines.append)
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     # One lasting line per run, with its figures (the spinner alone vanishes).
@@ -37,6 +37,26 @@ def test_sides_rotate_and_each_repeat_starts_anew(monkeypatch, cpu_ctx, tmp_path
     med = {k: sorted(r["tpot_ms"]["p50"] for r in v)[1] for k, v in runs.items()}
     assert med["a"] < med["b"] < med["c"]
     assert all(r["completed"] == 6 and r["failed"] == 0 for v in runs.values() for r in v)
+    assert failed == {"a": [], "b": [], "c": []}
+
+
+def test_a_failed_start_is_reported_and_the_runs_go_on(monkeypatch, cpu_ctx, tmp_path):
+    """Minutes into a verify, one side's start fails: the other runs still
+    happen, and the failure is a line and a record, not the end."""
+    monkeypatch.setitem(ENGINES, "fake", FakeEngine())
+    eng = FakeEngine()
+    sides = []
+    for label, crash in (("ok", False), ("crash", True)):
+        spec = eng.launch_spec({"delay_ms": 1, "crash": crash}, cpu_ctx,
+                               host="127.0.0.1", port=1)
+        sides.append(Side(label, list(spec.argv), dict(spec.env)))
+    wl = Workload(input_len=8, output_len=4, concurrency=1, requests=2, warmup_requests=0)
+    lines: list[str] = []
+    runs, starts, failed = measure_sides(sides, "fake", cpu_ctx, wl, 2, startup_timeout=60,
+                                         log_dir=tmp_path, on_run=lines.append)
+    assert len(runs["ok"]) == 2 and len(starts["ok"]) == 2 and not failed["ok"]
+    assert runs["crash"] == [] and len(failed["crash"]) == 2
+    assert [ln for ln in lines if "crash: start failed: " in ln] and len(lines) == 4
 
 
 class HostEnvEngine(FakeEngine):
