@@ -385,24 +385,25 @@ def render_bench(res: dict[str, Any]) -> None:
 # Below this many finished requests per engine, or this many in flight at
 # the busiest one, the luck of the Poisson split moves the peaks by itself.
 _MIN_REQUESTS_PER_ENGINE = 100
-_MIN_RUNNING_PEAK = 16
+_MIN_HELD_PEAK = 16
 
 
 def _uneven_replicas(sv: dict[str, Any] | None) -> str | None:
     """A line when one data-parallel engine held far more requests at once
-    than another over a run long enough to tell: the front end splits by
-    arrival, so a slower replica (its GPU, a neighbour) builds a queue, and
-    the trial's tail latency is likely that replica's.  Measured on 2xH200:
-    142/52 in the start whose p99 was 2.7x the others', 47/49 normally."""
-    bal = (sv or {}).get("running_balance")
+    (running or waiting) than another over a run long enough to tell: the
+    front end splits by arrival, so a slower replica (its GPU, a neighbour)
+    builds a queue, and the trial's tail latency is likely that replica's.
+    Measured on 2xH200: 142/52 running in the start whose p99 was 2.7x the
+    others', 47/49 normally."""
+    bal = (sv or {}).get("held_balance")
     if bal is None or bal >= 2 / 3:
         return None
     engines = sv["engines"]
     if min(e.get("requests", 0) for e in engines) < _MIN_REQUESTS_PER_ENGINE or \
-            max(e["running_peak"] for e in engines) < _MIN_RUNNING_PEAK:
+            max(e["held_peak"] for e in engines) < _MIN_HELD_PEAK:
         return None
-    peaks = "/".join(f"{e['running_peak']:.0f}" for e in engines)
-    return (f"replicas uneven: requests in flight per engine peaked at {peaks} "
+    peaks = "/".join(f"{e['held_peak']:.0f}" for e in engines)
+    return (f"replicas uneven: requests held (running + waiting) per engine peaked at {peaks} "
             "(one replica drains slower: its GPU, a neighbour on it, or the split)")
 
 

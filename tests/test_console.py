@@ -7,19 +7,20 @@ from qtune.console import _uneven_replicas
 
 def test_uneven_replicas_are_named_even_ones_are_not():
     # 2xH200, run 5's slow start (vLLM's own stats lines) and run 6's trial 1.
-    engines = [{"engine": "0", "running_peak": 142.0, "requests": 400},
-               {"engine": "1", "running_peak": 52.0, "requests": 400}]
-    line = _uneven_replicas({"engines": engines, "running_balance": 52 / 142})
-    assert line == ("replicas uneven: requests in flight per engine peaked at 142/52 "
-                    "(one replica drains slower: its GPU, a neighbour on it, or the split)")
-    even = [dict(e, running_peak=p) for e, p in zip(engines, (47.0, 49.0), strict=True)]
-    assert _uneven_replicas({"engines": even, "running_balance": 47 / 49}) is None
+    engines = [{"engine": "0", "held_peak": 142.0, "requests": 400},
+               {"engine": "1", "held_peak": 52.0, "requests": 400}]
+    line = _uneven_replicas({"engines": engines, "held_balance": 52 / 142})
+    assert line == ("replicas uneven: requests held (running + waiting) per engine "
+                    "peaked at 142/52 (one replica drains slower: its GPU, a neighbour "
+                    "on it, or the split)")
+    even = [dict(e, held_peak=p) for e, p in zip(engines, (47.0, 49.0), strict=True)]
+    assert _uneven_replicas({"engines": even, "held_balance": 47 / 49}) is None
     assert _uneven_replicas({"preemptions": 0}) is None  # one engine
     # Too few requests per engine, or a light load: the split alone can do that.
     few = [dict(e, requests=40) for e in engines]
-    assert _uneven_replicas({"engines": few, "running_balance": 0.37}) is None
-    light = [dict(e, running_peak=p) for e, p in zip(engines, (9.0, 3.0), strict=True)]
-    assert _uneven_replicas({"engines": light, "running_balance": 1 / 3}) is None
+    assert _uneven_replicas({"engines": few, "held_balance": 0.37}) is None
+    light = [dict(e, held_peak=p) for e, p in zip(engines, (9.0, 3.0), strict=True)]
+    assert _uneven_replicas({"engines": light, "held_balance": 1 / 3}) is None
     assert _uneven_replicas(None) is None  # no /metrics
 
 

@@ -250,14 +250,11 @@ class VLLM:
     @staticmethod
     def _no_multicast(params: Mapping[str, Any], ctx: SpaceContext,
                       env: dict[str, str]) -> dict[str, Any]:
-        """TP on a host that forbids NVLink multicast (HostFacts.multicast_forbidden).
-        The host's own settings go into the launch env, so a profile's unit
-        or container keeps them; the fused all-reduce pass is turned off
+        """TP on a host that forbids NVLink multicast (the host's settings are
+        in the launch env already): the fused all-reduce pass is turned off
         (merged into the user's compilation config, unless it sets the pass
         itself); FlashInfer's backend is pinned unless the user chose one."""
-        comm = ctx.host.comm_env
-        env.update({k: comm[k] for k in NO_MULTICAST if k in comm})
-        if _FI_ALLREDUCE not in comm:
+        if _FI_ALLREDUCE not in ctx.host.comm_env:
             env[_FI_ALLREDUCE] = "trtllm"
         out = dict(params)
         cc = (ctx.engine_args or {}).get("compilation_config") or {}
@@ -439,8 +436,13 @@ class VLLM:
         env = {"HF_HUB_OFFLINE": "1"}
         if ctx.install.pythonpath:
             env["PYTHONPATH"] = ctx.install.pythonpath
-        if int(params.get("tensor_parallel_size", 1)) > 1 and ctx.host.multicast_forbidden:
-            params = self._no_multicast(params, ctx, env)
+        if ctx.host.multicast_forbidden and self.gpus_used(params) > 1:
+            # Trials inherit them from qtune; a unit or container does not,
+            # and NCCL groups can span the GPUs with any parallelism.
+            comm = ctx.host.comm_env
+            env.update({k: comm[k] for k in NO_MULTICAST if k in comm})
+            if int(params.get("tensor_parallel_size", 1)) > 1:
+                params = self._no_multicast(params, ctx, env)
         for name, value in sorted(params.items()):
             if name == "quantization" and value == "none":
                 continue  # the model's own dtype: vLLM has no "none" value

@@ -160,7 +160,9 @@ def probe(
 
 
 def comm_env(environ: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in sorted(environ.items()) if k.startswith(_COMM_PREFIXES)}
+    # The prefixes hold no credential today; the second test keeps it so.
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(_COMM_PREFIXES)
+            and not any(w in k for w in ("TOKEN", "KEY", "SECRET", "PASSWORD"))}
 
 
 def _nofile() -> int | None:

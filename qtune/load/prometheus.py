@@ -25,6 +25,9 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+# engine_peaks key of the per-engine peak of running + waiting requests
+_HELD = "held"
+
 # gauge name → aliases in older vLLM releases
 _GAUGES = {
     "vllm:kv_cache_usage_perc": ("vllm:gpu_cache_usage_perc",),
@@ -102,6 +105,15 @@ class MetricsWatcher:
             ep = self.engine_peaks.setdefault(g, {})
             for e, x in per.items():
                 ep[e] = max(ep.get(e, x), x)
+        # Requests each engine holds, running or waiting, at one scrape: with
+        # a small max_num_seqs every engine runs at the cap and a slow one's
+        # backlog waits, so running alone would read as even.
+        run = _gauge(snap, "vllm:num_requests_running") or {}
+        wait = _gauge(snap, "vllm:num_requests_waiting") or {}
+        held = self.engine_peaks.setdefault(_HELD, {})
+        for e in run.keys() | wait.keys():
+            x = run.get(e, 0.0) + wait.get(e, 0.0)
+            held[e] = max(held.get(e, x), x)
         return snap
 
     async def start(self, session: aiohttp.ClientSession) -> None:
@@ -157,12 +169,13 @@ class MetricsWatcher:
                 "generation_tokens": int(delta("vllm:generation_tokens", e)),
                 "preemptions": int(delta("vllm:num_preemptions", e)),
                 "running_peak": peaks.get("vllm:num_requests_running", {}).get(e),
+                "held_peak": peaks.get(_HELD, {}).get(e),
                 "kv_cache_usage_peak": peaks.get("vllm:kv_cache_usage_perc", {}).get(e),
             } for e in engines]
-            run = [r["running_peak"] for r in out["engines"]]
-            # Least busy replica's peak against the busiest's: 1.0 is even.
-            out["running_balance"] = (min(run) / max(run)
-                                      if None not in run and max(run) > 0 else None)
+            held = [r["held_peak"] for r in out["engines"]]
+            # Least loaded replica's peak against the busiest's: 1.0 is even.
+            out["held_balance"] = (min(held) / max(held)
+                                   if None not in held and max(held) > 0 else None)
         return out
 
 

@@ -130,6 +130,10 @@ def test_tp_pins_an_allreduce_without_multicast_where_the_host_forbids_it(
     # does not inherit the shell's environment).
     assert env({"tensor_parallel_size": 2})["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env({"data_parallel_size": 2})
+    # Any launch over several GPUs keeps them (run 6's two-replica unit had
+    # lost them); one GPU needs none.
+    assert env({"data_parallel_size": 2})["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert "TORCH_SYMM_MEM_DISABLE_MULTICAST" not in env({"max_num_seqs": 8})
     comm["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = "mnnvl"  # the user's choice
     assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env({"tensor_parallel_size": 2})
     assert "--compilation-config" in argv({"tensor_parallel_size": 2})  # the pass stays off

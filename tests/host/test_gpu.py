@@ -204,6 +204,7 @@ def test_h200x2_host_facts_and_findings():
 # The lent 2xH200 machine's environment (seen in run 4), with secrets beside it.
 X2_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
           "NVSHMEM_DISABLE_NVLS": "1", "HF_TOKEN": "hf_secret", "VLLM_API_KEY": "k",
+          "NCCL_SOME_TOKEN": "hf_secret",
           "PATH": "/usr/bin"}
 
 

@@ -93,7 +93,25 @@ def test_data_parallel_counts_add_up_but_kv_usage_is_the_fullest_engine():
     assert (e1["engine"], e1["running_peak"], e1["kv_cache_usage_peak"]) == ("1", 90, 0.6)
     assert e0["preemptions"] == 2 and e1["preemptions"] == 0
     assert (e0["requests"], e1["requests"]) == (12, 16)
-    assert rep["running_balance"] == 90 / 142
+    # Held = running + waiting at one scrape: engine 0's 142 (scrape 2),
+    # engine 1's 90 (scrape 3).
+    assert (e0["held_peak"], e1["held_peak"]) == (142, 90)
+    assert rep["held_balance"] == 90 / 142
+
+
+def test_a_slow_replica_at_its_max_num_seqs_shows_in_what_it_holds():
+    """Both engines run at the cap (32): the slow one's backlog waits."""
+    rep = watch([
+        metrics({"0": {}, "1": {}}),
+        metrics({"0": {"num_requests_running": 32, "num_requests_waiting": 60},
+                 "1": {"num_requests_running": 32, "num_requests_waiting": 2}}),
+        metrics({"0": {"num_requests_running": 32, "num_requests_waiting": 80},
+                 "1": {"num_requests_running": 30}}),
+    ])
+    e0, e1 = rep["engines"]
+    assert e0["running_peak"] == e1["running_peak"] == 32
+    assert (e0["held_peak"], e1["held_peak"]) == (112, 34)
+    assert rep["held_balance"] == 34 / 112
 
 
 def test_engines_sort_numerically_and_other_labels_are_summed():

@@ -422,3 +422,34 @@ def test_defaults_predicted_not_to_fit_are_refused_without_a_launch(fake, monkey
     assert sum(t.baseline for t in res.trials) == 1
     res = tune(dataclasses.replace(cfg, trials=5, memory_check=False))
     assert [t.status for t in res.trials if t.baseline] == ["invalid", "ok"]
+
+
+def test_the_anchor_needs_a_clear_margin_over_the_defaults():
+    """One run each: a seed within the run-to-run spread of the defaults does
+    not anchor the design; a defaults run that never completed cannot be beaten,
+    and the note says so rather than claiming a comparison."""
+    from types import SimpleNamespace
+
+    import optuna
+
+    from qtune.search import _seed_anchor
+
+    def study(base: float | None, seed: float, direction: str = "minimize"):
+        s = optuna.create_study(direction=direction)
+        if base is not None:
+            s.add_trial(optuna.trial.create_trial(
+                value=base, user_attrs={"baseline": True, "status": "ok"}))
+        s.add_trial(optuna.trial.create_trial(
+            value=seed, user_attrs={"seed_point": {"delay_ms": 1}, "status": "ok"}))
+        return s
+
+    prep = SimpleNamespace(direction="minimize", params=[Param("delay_ms", "choice",
+                                                               choices=(1, 30))])
+    assert _seed_anchor(prep, study(100.0, 95.0)) == ({}, "")  # 5%: noise
+    assert _seed_anchor(prep, study(100.0, 20.0)) == (
+        {"delay_ms": 1}, "5.0x better than the engine defaults")
+    assert _seed_anchor(prep, study(None, 20.0)) == (
+        {"delay_ms": 1}, "the engine defaults did not run")
+    up = SimpleNamespace(direction="maximize", params=prep.params)  # capacity
+    assert _seed_anchor(up, study(10.0, 30.0, "maximize"))[0] == {"delay_ms": 1}
+    assert _seed_anchor(up, study(30.0, 10.0, "maximize")) == ({}, "")
