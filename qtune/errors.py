@@ -84,3 +84,8 @@ class ServerError(QtuneError):
         self.reason = reason
         self.detail = redact(detail)
         self.log_path = log_path
+
+    @property
+    def cause(self) -> str:
+        """One line: the class and the log line behind it (else the message)."""
+        return f"{self.reason}: {self.detail or self.message}"

@@ -121,8 +121,7 @@ def measure_sides(
             except ServerError as e:
                 failed[side.label].append(e)
                 if on_run:
-                    on_run(f"repeat {r + 1}/{repeat}: {side.label}: start failed: "
-                           f"{e.reason}: {e.detail or e}")
+                    on_run(f"repeat {r + 1}/{repeat}: {side.label}: start failed: {e.cause}")
                 continue
             starts[side.label].append(ready)
             runs[side.label].append(summary)
@@ -193,8 +192,7 @@ def verify(
     failed = {k: sum(s["failed"] for s in v) for k, v in runs.items()}
     return {"profile": profile.name, "against": b.label, "repeats": repeat,
             "objective": objective, "metrics": table, "failed_requests": failed,
-            "failed_starts": {k: [f"{e.reason}: {e.detail or e}" for e in v]
-                              for k, v in failed_starts.items()},
+            "failed_starts": {k: [e.cause for e in v] for k, v in failed_starts.items()},
             "startup_s": starts, "note": note, "wall_s": time.monotonic() - t0}
 
 
