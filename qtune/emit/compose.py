@@ -22,7 +22,7 @@ def _esc(value: str) -> str:
 def render(profile: Profile, image: str | None = None) -> str:
     c = container_view(profile, image)
     svc: dict[str, Any] = {
-        "image": c.image,
+        "image": _esc(c.image),  # --image is text from the command line
         "entrypoint": [_esc(a) for a in c.command],
         "command": [_esc(a) for a in c.args],
     }

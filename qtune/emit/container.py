@@ -26,7 +26,7 @@ from pathlib import PurePosixPath
 
 import yaml
 
-from qtune.emit.common import start_timeout, summary_lines
+from qtune.emit.common import one_line, start_timeout, summary_lines
 from qtune.engines import ENGINES, gpus_used
 from qtune.errors import InputError
 from qtune.profile import Profile
@@ -71,7 +71,9 @@ class _Dumper(yaml.SafeDumper):
 
 
 def dump(header: list[str], docs: list[dict]) -> str:
-    head = "".join(f"# {line}\n" for line in header)
+    """Header comment lines, then the documents through the YAML dumper (which
+    quotes whatever a value holds: ``---``, ``#``, ``: ``, quotes)."""
+    head = "".join(f"# {one_line(line)}\n" for line in header)
     return head + yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, width=100)
 
 
@@ -148,11 +150,15 @@ def container_view(profile: Profile, image: str | None = None) -> Container:
             i += 2
             continue
         if a == "--port" and val is not None:
+            if not (val.isascii() and val.isdigit() and 0 < int(val) < 65536):
+                raise InputError(
+                    f"profile {profile.name}: argv: --port is not a port number",
+                    hint="a port is 1-65535; fix the profile's --port")
             port = int(val)
         if a in ("--model", "--tokenizer") and val is not None:
             if not val.startswith("/"):
                 raise InputError(
-                    f"profile {profile.name}: {a} {val} is a relative path; a container "
+                    f"profile {profile.name}: {a} is a relative path; a container "
                     "needs the host folder to mount",
                     hint="re-run qtune search (it writes absolute paths) or fix the profile")
             _, dest = _mount_for(val, a[2:], mounts)

@@ -33,8 +33,11 @@ def probe_failures(c: Container, period_s: int) -> int:
 
 
 def _esc(value: str) -> str:
-    """Kubernetes expands $(VAR) in command, args and env values."""
-    return value.replace("$(", "$$(")
+    """Kubernetes expands ``$(VAR)`` in command, args and env values, and
+    reads ``$$`` as ``$`` wherever it stands: so every ``$`` is doubled
+    (escaping only ``$(`` turned ``a$$(T)b`` into ``a$$$(T)b``, which expands
+    to ``a$`` + the value of T + ``b``)."""
+    return value.replace("$", "$$")
 
 
 def render(profile: Profile, image: str | None = None) -> str:

@@ -6,7 +6,13 @@ Escaping follows systemd.service(5) and systemd.exec(5):
   backslashes is double-quoted with ``\\`` and ``"`` escaped; a lone ``;``
   separates commands, so it is written ``\\;``.
 - Environment= values: ``%`` → ``%%`` only (no ``$`` expansion there).
-- Newlines and other control characters cannot be represented: refused.
+- Description=: ``%`` → ``%%`` (specifiers expand there too).
+- Comment lines: a backslash is doubled, because a line ending in an odd
+  number of backslashes continues onto the next one, and older systemd
+  (and tools reading units) join a comment line too: ``# NUMA: x\\`` would
+  swallow the ``CPUAffinity=`` line after it.
+- Newlines and other control characters cannot be represented: refused
+  (the profile refuses them at load; this is the emitter's own guard).
 Secrets never go in the unit: an ``EnvironmentFile=`` (mode 0600) carries
 HF_TOKEN and friends.
 """
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from qtune.emit.common import start_timeout, summary_lines
+from qtune.emit.common import one_line, start_timeout, summary_lines
 from qtune.errors import InputError
 from qtune.profile import Profile
 
@@ -23,11 +29,16 @@ _NEEDS_QUOTES = re.compile(r"[\s\"'\\]")
 
 
 def _reject_control(text: str, where: str) -> None:
+    # The value is not quoted back: it may be a secret.
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
         raise InputError(
-            f"{where} contains a newline or control character: {text[:40]!r}",
+            f"{where} contains a newline or control character",
             hint="systemd unit values cannot hold control characters",
         )
+
+
+def comment(text: str) -> str:
+    return "# " + one_line(text).replace("\\", "\\\\")
 
 
 def exec_word(word: str) -> str:
@@ -41,10 +52,10 @@ def exec_word(word: str) -> str:
 
 
 def env_assignment(key: str, value: str) -> str:
-    _reject_control(key + value, f"Environment {key}")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-        raise InputError(f"environment name {key!r} is not valid",
+        raise InputError("an environment name is not valid",
                          hint="names are letters, digits and _, not starting with a digit")
+    _reject_control(value, f"Environment {key}")
     kv = f"{key}={value}".replace("%", "%%")
     if _NEEDS_QUOTES.search(kv):
         kv = '"' + kv.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -70,9 +81,11 @@ def render(profile: Profile) -> str:
             line += " " + word
     exec_lines.append(line)
     gpu = profile.engine.build == "cuda"
-    lines = [f"# {line}" for line in summary_lines(profile)] + [
+    desc = f"LLM server {profile.model.get('id')} (qtune profile {profile.name})"
+    _reject_control(desc, "Description")
+    lines = [comment(line) for line in summary_lines(profile)] + [
         "[Unit]",
-        f"Description=LLM server {profile.model.get('id')} (qtune profile {profile.name})",
+        "Description=" + desc.replace("%", "%%"),
         "After=network-online.target",
         "Wants=network-online.target",
         "",
@@ -108,11 +121,11 @@ def render(profile: Profile) -> str:
     if place.get("numa_node") is not None:
         # Threads and memory on the node next to the GPU (or one node for
         # CPU serving): remote memory costs bandwidth on every step.
-        lines += [f"# NUMA: {place.get('why', '')}",
+        lines += [comment(f"NUMA: {place.get('why', '')}"),
                   f"CPUAffinity={place['cpus']}",
                   "NUMAPolicy=bind",
                   f"NUMAMask={place['numa_node']}"]
     elif place.get("why"):
-        lines.append(f"# NUMA: {place['why']}")
+        lines.append(comment(f"NUMA: {place['why']}"))
     lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)
