@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from qtune.errors import InputError
+from qtune.errors import InputError, mask_url
 from qtune.load import run_load
 from qtune.load.workload import Workload
 from qtune.metrics import goodput, metric_value, summarize
@@ -62,9 +62,12 @@ def served_model(url: str) -> tuple[str, str | None]:
             data = json.loads(r.read())
         first = data["data"][0]
         return str(first["id"]), first.get("root")
-    except (OSError, ValueError, KeyError, IndexError) as exc:
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        # The server's answer is untrusted: a name for its shape, and the
+        # URL's password masked (the exception text may repeat the URL).
         raise InputError(
-            f"--url {url}: cannot list models ({type(exc).__name__}: {exc})",
+            f"--url {mask_url(url)}: cannot list models ({type(exc).__name__}: "
+            f"{str(exc)[:200]})",
             hint="is the server up? pass --model NAME if it has no /v1/models",
         ) from None
 
@@ -133,7 +136,9 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
         if cfg.tokenizer is None:
             cfg.tokenizer = find_tokenizer(root)
     out: dict[str, Any] = {
-        "urls": cfg.urls, "models": models, "workload": cfg.workload.to_dict(),
+        # Printed, written to --json and the CSV: never a URL's password.
+        "urls": [mask_url(u) for u in cfg.urls], "models": models,
+        "workload": cfg.workload.to_dict(),
         "slo": [str(s) for s in cfg.slo],
         "tokenizer": str(cfg.tokenizer) if cfg.tokenizer else None,
     }
@@ -145,7 +150,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
         # Interleave endpoints (ABAB...) so drift spreads over both.
         for k, url in enumerate(cfg.urls):
             if progress:
-                progress(f"run {rep + 1}/{cfg.repeat} on {url}")
+                progress(f"run {rep + 1}/{cfg.repeat} on {mask_url(url)}")
             wl = dataclasses.replace(cfg.workload, seed=cfg.workload.seed + rep)
             runs[k].append(measure(url, models[k], wl, cfg, progress=progress))
     if len(cfg.urls) == 1 and cfg.repeat == 1:
@@ -154,7 +159,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
     out["runs"] = runs
     out["repeats"] = []
     for k, url in enumerate(cfg.urls):
-        agg: dict[str, Any] = {"url": url}
+        agg: dict[str, Any] = {"url": mask_url(url)}
         for m in KEY_METRICS:
             vals = [v for r in runs[k] if (v := metric_value(r, m)) is not None]
             if vals:

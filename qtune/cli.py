@@ -55,6 +55,9 @@ EnginePython = Annotated[
     ),
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+Force = Annotated[bool, typer.Option(
+    "--force", help="Replace an output file even if it is read-only (it stays "
+    "read-only). Devices, FIFOs, folders and links are never replaced.")]
 
 
 @app.command()
@@ -72,6 +75,10 @@ def probe(
     from qtune.host import capture as do_capture
     from qtune.host import probe as do_probe
 
+    if capture is not None:  # before the probe, not after it
+        from qtune.files import check_dir_target
+
+        check_dir_target(capture, "--capture")
     facts = do_probe(engine_python=engine_python)
     d = facts.to_dict()
     if capture is not None:
@@ -222,6 +229,7 @@ def search(
         min=0.0, max=1.0,
         help="Stop a trial's measurement only once it is sure to miss the best so "
         "far by this fraction (0: exact). The best so far is one noisy run.")] = 0.1,
+    force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
     """Tune the engine's launch flags against a live load; write a profile."""
@@ -238,7 +246,8 @@ def search(
                      time_budget=time_budget * 60 if time_budget else None,
                      memory_check=memory_check, confirm_top=confirm_top,
                      confirm_repeats=confirm_repeats, pick=pick, exact=exact,
-                     levels=parse_levels(levels), prune_margin=prune_margin)
+                     levels=parse_levels(levels), prune_margin=prune_margin,
+                     force=force)
     prep = prepare(cfg)
     with console.SearchReporter(objective) as rep:
         res = run_study(prep, rep)
@@ -294,6 +303,7 @@ def bench(
         "--no-server-metrics", help="Do not scrape the server's /metrics.")] = False,
     csv: Annotated[Path | None, typer.Option(
         help="Write one row per run (or per capacity step) here.")] = None,
+    force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
     """Measure an OpenAI-compatible endpoint under a workload (no launch)."""
@@ -306,6 +316,14 @@ def bench(
 
         raise InputError("--url: give one endpoint, or two to compare",
                          hint="compare more configs pairwise")
+    from qtune.search.config import check_url
+
+    for u in url:
+        check_url(u)
+    if csv is not None:  # before the first request, not after the last
+        from qtune.files import check_target
+
+        check_target(csv, "--csv", force=force)
     wl = _workload(locals())
     cfg = BenchConfig(urls=url, workload=wl, model=model, tokenizer=tokenizer,
                       slo=parse_slo(slo), repeat=repeat, find_capacity=find_capacity,
@@ -313,9 +331,9 @@ def bench(
     with console.Status() as status:
         res = run_bench(cfg, progress=status.update)
     if csv is not None:
-        from qtune.profile import write_atomic
+        from qtune.files import write_atomic
 
-        write_atomic(csv, _bench_csv(res))
+        write_atomic(csv, _bench_csv(res), force=force, what="--csv")
     if json_out:
         _print_json(res)
     else:
@@ -335,8 +353,11 @@ def verify(
     """A/B a profile against the defaults with fresh starts, interleaved."""
     from qtune import console
     from qtune.profile import Profile
+    from qtune.search.config import check_positive
     from qtune.verify import verify as do_verify
 
+    check_positive(startup_timeout, "--startup-timeout",
+                   "seconds a server may take to become ready, e.g. 600")
     prof = Profile.load(profile)
     other = None if against == "defaults" else Profile.load(Path(against))
     with console.Status() as status:
@@ -357,13 +378,15 @@ def report(
         help="Write the trials table as Parquet (needs pyarrow).")] = None,
     html: Annotated[Path | None, typer.Option(
         help="Write a self-contained HTML report.")] = None,
+    force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
     """Summarise a study: trials table, exports, HTML report."""
     from qtune import console
     from qtune.report import report as do_report
 
-    res = do_report(study, storage, csv=csv, parquet=parquet, html_path=html)
+    res = do_report(study, storage, csv=csv, parquet=parquet, html_path=html,
+                    force=force)
     if json_out:
         _print_json(res)
     else:
@@ -421,16 +444,20 @@ def emit(
     image: Annotated[str | None, typer.Option(
         help="Container image for compose/kubernetes (default: the engine's "
              "published image at the tuned version).")] = None,
+    force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
     """Turn a profile into a deployable unit (printed, or written with -o)."""
     from qtune import console
     from qtune.emit import emit as do_emit
-    from qtune.profile import Profile, write_atomic
+    from qtune.files import check_target, write_atomic
+    from qtune.profile import Profile
 
+    if output is not None:  # before the profile is read
+        check_target(output, "-o", force=force)
     text = do_emit(Profile.load(profile), format, image)
     if output is not None:
-        write_atomic(output, text)
+        write_atomic(output, text, force=force, what="-o")
         if not json_out:
             console.err.print(f"wrote {output}")
     if json_out:

@@ -19,25 +19,63 @@ records it as data and goes on.
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
-# Hugging Face tokens start with "hf_"; other API keys vary.  Anything that
-# looks like one is masked before it is printed or written.
-_SECRET_RE = re.compile(r"\b(hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_-]{16,})")
+# Shapes of common access tokens, masked before anything is printed or
+# written.  Lengths are the shortest each issuer hands out, less a margin:
+# a short "hf_" value (6+) is still a token, a 5-letter word after "sk-" is not.
+_TOKEN_SHAPES = (
+    r"hf_[A-Za-z0-9]{6,}",  # Hugging Face
+    r"gh[poushr]_[A-Za-z0-9]{20,}",  # GitHub classic tokens (ghp_, gho_, ghs_...)
+    r"github_pat_[A-Za-z0-9_]{20,}",  # GitHub fine-grained
+    r"sk-[A-Za-z0-9_-]{16,}",  # OpenAI and look-alikes
+    r"xox[abprs]-[A-Za-z0-9-]{10,}",  # Slack
+    r"(?:AKIA|ASIA)[A-Z0-9]{16}",  # AWS access key ids
+)
+_SECRET_RE = re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(_TOKEN_SHAPES) + r")")
+# scheme://user:password@host: the password goes, the user stays (it says
+# which account, and is not a secret by itself).
+_USERINFO_RE = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)"
+                          r"(?P<pw>[^\s/]*)@")
 SECRET_ENV_NAMES = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|APIKEY)", re.I)
+# Control characters in a refused value would let it draw its own lines
+# (a fake "hint:") or terminal escapes into an error.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def redact(text: str) -> str:
-    """Mask anything that looks like an access token."""
+    """Mask anything that looks like an access token or a URL's password."""
+    text = _USERINFO_RE.sub(lambda m: m["head"] + "***@", text)
     return _SECRET_RE.sub("***", text)
+
+
+def mask_url(url: str) -> str:
+    """``url`` fit to print: the user-info password and any token masked.
+    Never raises, whatever the text."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is not None:
+            user = parts.username or ""
+            host = parts.netloc.rpartition("@")[2]
+            url = parts._replace(netloc=f"{user}:***@{host}").geturl()
+    except ValueError:  # e.g. an invalid port or IPv6 literal: mask by pattern
+        pass
+    return redact(url)
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``): one line."""
+    return _CONTROL_RE.sub(lambda m: ascii(m[0])[1:-1], text)
 
 
 class QtuneError(Exception):
     """Base of every user-facing error: ``message`` plus an optional ``hint``."""
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(redact(message))
-        self.message = redact(message)
-        self.hint = redact(hint) if hint else None
+        message = printable(redact(message))
+        super().__init__(message)
+        self.message = message
+        self.hint = printable(redact(hint)) if hint else None
 
     def __str__(self) -> str:
         return self.message

@@ -181,6 +181,7 @@ def _info(path: Path, served: str, source: str, hf_id: str | None) -> ModelInfo:
     if not isinstance(config, dict):
         raise ModelError(f"{path / 'config.json'} is not a JSON object",
                          hint="config.json must be the model's Hugging Face config")
+    _check_shape(config, path / "config.json")
     has_weights = any(
         f.name.endswith(_WEIGHT_SUFFIXES) for f in path.iterdir() if f.is_file()
     )
@@ -189,6 +190,34 @@ def _info(path: Path, served: str, source: str, hf_id: str | None) -> ModelInfo:
     else:
         tok_dir = generated_tokenizer(int(config.get("vocab_size") or 0))
     return ModelInfo(path, served, source, hf_id, config, tok_dir, has_weights)
+
+
+# The shape fields qtune computes with: each, when present, a positive
+# integer.  A string or a negative count would otherwise surface as an
+# internal error deep in the memory estimate or the space.
+_SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                 "head_dim", "hidden_size", "max_position_embeddings", "max_seq_len",
+                 "vocab_size", "intermediate_size")
+
+
+def _check_shape(config: dict[str, Any], where: Path) -> None:
+    for c in (config, config.get("text_config")):
+        if c is None:
+            continue
+        if not isinstance(c, dict):
+            raise ModelError(f"{where}: text_config is not a JSON object",
+                             hint="config.json must be the model's Hugging Face config")
+        for key in _SHAPE_FIELDS:
+            v = c.get(key)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                shown = repr(v) if isinstance(v, (int, float)) else type(v).__name__
+                raise ModelError(
+                    f"{where}: {key} must be a positive integer, not {shown[:40]}",
+                    hint="config.json must be the model's Hugging Face config; fix "
+                    "or re-download it",
+                )
 
 
 def embedded_model() -> Path:

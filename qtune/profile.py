@@ -29,10 +29,8 @@ Errors name the field, never the value (it may be the secret).
 from __future__ import annotations
 
 import math
-import os
 import posixpath
 import re
-import tempfile
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
@@ -380,35 +378,9 @@ def profile_error(path: Path | str, exc: ValidationError) -> ProfileError:
     return ProfileError(f"profile {path}: {where}: {msg}", hint=hint)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Temp file in the same folder, fsync, rename, fsync the folder: a
-    reader sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            # mkstemp makes the file 0600; give it the mode a plain open()
-            # would (or the replaced file's), so a team can read profiles
-            # and units.
-            try:
-                mode = path.stat().st_mode & 0o777
-            except FileNotFoundError:
-                umask = os.umask(0)
-                os.umask(umask)
-                mode = 0o666 & ~umask
-            os.fchmod(f.fileno(), mode)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+def write_atomic(path: Path, text: str, *, force: bool = False) -> None:
+    """Atomic, and refusing devices, symlinks and read-only files: see
+    ``qtune.files.write_atomic``."""
+    from qtune.files import write_atomic as write
+
+    write(path, text, force=force)

@@ -15,23 +15,33 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from qtune.errors import StudyError
-from qtune.search import TrialRecord, open_storage, ran_trials
+from qtune.errors import StudyError, mask_url
+from qtune.files import check_target, write_atomic
+from qtune.search import TrialRecord, check_storage_url, open_storage, ran_trials
+from qtune.search.config import check_study_name
 
 
 def load_study(name: str, storage: str | None, studies_dir: Path = Path("studies")
                ) -> tuple[optuna.Study, str]:
-    url = storage or f"journal://{(studies_dir / (name + '.log')).resolve()}"
-    if storage is None and not (studies_dir / (name + ".log")).is_file():
-        known = sorted(p.stem for p in studies_dir.glob("*.log"))
+    """Open an existing study read-only: a report creates no folder, file or
+    database, whatever the name or URL."""
+    check_study_name(name, "study")
+    journal = (studies_dir / (name + ".log")).absolute()
+    url = storage or f"journal://{journal}"
+    if storage is None and not journal.is_file():
+        known = sorted(p.stem for p in studies_dir.glob("*.log")) \
+            if studies_dir.is_dir() else []
         raise StudyError(f"no study {name!r} under {studies_dir}/",
-                         hint=("studies here: " + ", ".join(known)) if known
+                         hint=("studies here: " + ", ".join(known[:20])) if known
                          else "run qtune search first, or pass --storage URL")
+    if storage is not None:
+        check_storage_url(storage)
     try:
-        study = optuna.load_study(study_name=name, storage=open_storage(url))
+        study = optuna.load_study(study_name=name,
+                                  storage=open_storage(url, read_only=True))
     except KeyError:
-        raise StudyError(f"no study {name!r} in {url}",
-                         hint="check --study / --storage") from None
+        raise StudyError(f"no study {name!r} in {mask_url(url)}",
+                         hint="check the study name and --storage") from None
     return study, url
 
 
@@ -191,6 +201,7 @@ def _latency(objective: str) -> str:
 def render_html(study: optuna.Study, url: str, df: Any, imp: dict[str, float]) -> str:
     objective = study.user_attrs.get("objective", "value")
     maximize = _maximize(study)
+    shown_url = html.escape(mask_url(url))
     cols = [c for c in df.columns if c not in ("detail",)]
     table = df[cols].to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}",
                              border=0, classes="trials")
@@ -209,7 +220,7 @@ table.trials{{border-collapse:collapse;font-size:12px}}
 table.trials td,table.trials th{{padding:2px 6px;border-bottom:1px solid #ddd;text-align:right}}
 .grid{{display:flex;flex-wrap:wrap;gap:1em}} code{{background:#f4f4f4}}</style></head>
 <body><h1>qtune study <code>{html.escape(study.study_name)}</code></h1>
-<p>storage <code>{html.escape(url)}</code>; model <code>{html.escape(str(model.get("id")))}</code>;
+<p>storage <code>{shown_url}</code>; model <code>{html.escape(str(model.get("id")))}</code>;
 objective <b>{html.escape(objective)}</b> ({"max" if maximize else "min"}imise);
 workload <code>{html.escape(str(wl))}</code></p>
 <div class="grid">{history_svg(df, objective, maximize)}{trade}</div>
@@ -221,22 +232,38 @@ workload <code>{html.escape(str(wl))}</code></p>
 
 
 def report(name: str, storage: str | None, *, csv: Path | None = None,
-           parquet: Path | None = None, html_path: Path | None = None) -> dict[str, Any]:
-    from qtune.profile import write_atomic
-
+           parquet: Path | None = None, html_path: Path | None = None,
+           force: bool = False) -> dict[str, Any]:
+    # Every target is checked before the study is read (and each again as
+    # it is written): a folder or device named by --html fails at once.
+    targets = {"--csv": csv, "--parquet": parquet, "--html": html_path}
+    for flag, path in targets.items():
+        if path is not None:
+            check_target(path, flag, force=force)
+    named = [p.absolute() for p in targets.values() if p is not None]
+    if len(set(named)) < len(named):
+        raise StudyError("--csv, --parquet and --html name the same file",
+                         hint="give each export its own file")
+    if parquet:
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise StudyError("--parquet needs pyarrow",
+                             hint="pip install pyarrow, or use --csv") from None
     study, url = load_study(name, storage)
     df = trials_frame(study)
     imp = importances(study)
     if csv:
-        write_atomic(csv, df.to_csv(index=False))
+        write_atomic(csv, df.to_csv(index=False), force=force, what="--csv")
     if parquet:
-        try:
-            df.to_parquet(parquet, index=False)
-        except ImportError:
-            raise StudyError("--parquet needs pyarrow",
-                             hint="pip install pyarrow, or use --csv") from None
+        import io
+
+        buf = io.BytesIO()  # through write_atomic, not pandas' own open()
+        df.to_parquet(buf, index=False)
+        write_atomic(parquet, buf.getvalue(), force=force, what="--parquet")
     if html_path:
-        write_atomic(html_path, render_html(study, url, df, imp))
+        write_atomic(html_path, render_html(study, url, df, imp), force=force,
+                     what="--html")
     ok = df[df["value"].notna() & df["feasible"]]
     best = None
     if len(study.directions) > 1:
@@ -251,6 +278,6 @@ def report(name: str, storage: str | None, *, csv: Path | None = None,
     counts = launches["status"].value_counts().to_dict()
     if len(launches) < len(df):
         counts["level_points"] = len(df) - len(launches)
-    return {"study": name, "storage": url, "objective": study.user_attrs.get("objective"),
+    return {"study": name, "storage": mask_url(url), "objective": study.user_attrs.get("objective"),
             "trials": df.to_dict(orient="records"), "best_trial": best,
             "importances": imp, "counts": counts}

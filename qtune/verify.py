@@ -64,6 +64,30 @@ def profile_context(profile: Profile) -> SpaceContext:
     return SpaceContext(host, model, install, mml)
 
 
+def check_model_folders(profile: Profile) -> None:
+    """The profile's model folder (and --tokenizer folder) must still exist:
+    said before the probe or any launch, not by a server that fails to load
+    after minutes."""
+    from qtune.errors import printable
+
+    path = profile.model.get("path")
+    if not isinstance(path, str) or not path or not Path(path).is_dir():
+        raise ModelError(
+            f"profile {printable(profile.name)}: model folder "
+            f"{printable(str(path))[:200]} does not exist",
+            hint="verify runs on the host the profile was tuned for, with the model "
+            "where it was; re-run qtune search if it moved")
+    argv = profile.argv
+    if "--tokenizer" in argv[:-1]:
+        tok = argv[argv.index("--tokenizer") + 1]
+        if not Path(tok).is_dir():
+            raise ModelError(
+                f"profile {printable(profile.name)}: tokenizer folder "
+                f"{printable(tok)[:200]} does not exist",
+                hint="qtune search generates it under ~/.cache/qtune; re-run the "
+                "search (or qtune search --pick) on this host")
+
+
 class Measured(NamedTuple):
     runs: dict[str, list[dict[str, Any]]]  # per side, the summaries of its runs
     starts: dict[str, list[float]]  # per side, seconds to ready of those runs
@@ -156,6 +180,9 @@ def verify(
             "there is nothing to compare",
             hint="verify a profile whose search found a better config, or use "
             "--against OTHER_PROFILE")
+    for prof in (profile, against):
+        if prof is not None:
+            check_model_folders(prof)
     ctx = profile_context(profile)
     a = Side("profile", profile.argv, dict(profile.env))
     if against is None:

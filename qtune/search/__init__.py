@@ -32,16 +32,27 @@ from optuna.trial import TrialState
 from qtune import __version__
 from qtune.engines import get_engine, gpus_used
 from qtune.engines.base import Engine, LoadView, Param, SpaceContext
-from qtune.errors import EngineError, InputError, ServerError, StudyError
+from qtune.errors import (
+    EngineError,
+    InputError,
+    ServerError,
+    StudyError,
+    mask_url,
+    printable,
+)
+from qtune.files import check_target, write_atomic
 from qtune.host import HostFacts, placement, probe
 from qtune.metrics import metric_value
 from qtune.model import ModelInfo, resolve_model
 from qtune.profile import EngineInfo, Profile, StudyRef
 from qtune.search.config import (
+    STUDY_NAME_MAX,
     TuneConfig,
     apply_overrides,
+    check_config,
     check_levels,
     check_objective,
+    check_study_name,
     load_space_file,
     pareto_latency,
 )
@@ -184,11 +195,31 @@ class Prepared:
 def prepare(cfg: TuneConfig) -> Prepared:
     """Everything that can fail because of the input, checked before any
     trial or file is created."""
+    # Order: the flags, then the files they name, then the model, then the
+    # host (the probe runs --engine-python), then storage and the study,
+    # and only then the engine: nothing is created or started for an input
+    # that is refused.
+    check_config(cfg)
     direction = check_objective(cfg.objective)
     engine = get_engine(cfg.engine)
     if cfg.sampler not in SAMPLERS:
         raise InputError(f"--sampler: unknown sampler {cfg.sampler!r}",
                          hint="choose one of " + ", ".join(SAMPLERS))
+    if cfg.out is not None:
+        check_target(cfg.out, "--out", force=cfg.force)
+    if cfg.storage:
+        check_storage_url(cfg.storage)
+        if _storage_path(cfg.storage) is None and not cfg.storage.startswith("sqlite"):
+            # A database server: connect now (driver missing, wrong password)
+            # rather than after the probe and the engine check.
+            open_storage(cfg.storage)
+    if cfg.study is not None:
+        # A named study's files are known now: check them before the probe.
+        url, _ = _study_files(cfg, cfg.study)
+        if cfg.pick is not None:
+            # A re-pick reads a finished study: refuse a missing one before
+            # anything else (no probe, no engine needed to say so).
+            _pickable(cfg.pick, cfg.study, url)
     override = load_space_file(cfg.space_file) if cfg.space_file else None
     model = resolve_model(cfg.model)
     need = cfg.workload.max_total_len
@@ -207,6 +238,13 @@ def prepare(cfg: TuneConfig) -> Prepared:
     if cfg.levels:
         cfg = _with_levels(cfg, direction)
     host = probe(engine_python=cfg.engine_python)
+    study_name = cfg.study or _default_study_name(model, cfg, host)
+    storage_url, study_dir = _study_files(cfg, study_name)
+    if cfg.pick is not None:
+        if cfg.study is None:  # (a named study was checked above)
+            _pickable(cfg.pick, study_name, storage_url)
+        # A re-pick launches nothing: the study's trials are all there is.
+        cfg = dataclasses.replace(cfg, trials=0, confirm_top=0)
     install = host.engines.get(cfg.engine)
     if install is None:
         raise EngineError(
@@ -232,8 +270,6 @@ def prepare(cfg: TuneConfig) -> Prepared:
     if override is not None:
         params, fixed = apply_overrides(params, override, engine_args)
     make_sampler(cfg.sampler, params, cfg.seed, cfg.trials)  # fail before any file
-    study_name = cfg.study or _default_study_name(model, cfg, host)
-    storage_url, study_dir = _storage(cfg, study_name)
     user_set = frozenset(override.entries) if override is not None else frozenset()
     return Prepared(cfg, host, engine, ctx, params, fixed, direction, study_name,
                     storage_url, study_dir, user_set)
@@ -266,33 +302,159 @@ def _default_study_name(model: ModelInfo, cfg: TuneConfig, host: HostFacts) -> s
     load = f"r{wl.rate:g}" if wl.rate is not None else f"c{wl.concurrency or 1}"
     raw = (f"{model.served_name}-{cfg.engine}-{host.fingerprint()['id'][:6]}"
            f"-i{wl.input_len}-o{wl.output_len}-{load}-{cfg.objective}")
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-")
+    # The model's folder name is anyone's: keep the safe alphabet, no
+    # leading dot, no "..", and a length check_study_name accepts.
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", raw)
+    name = re.sub(r"\.{2,}", ".", name).strip("-.")[:STUDY_NAME_MAX].rstrip("-.")
+    return check_study_name(name or "study", "study name")
+
+
+_STORAGE_HINT = ("e.g. sqlite:///studies/x.db, postgresql://user@host/db, or "
+                 "journal:///path/file.log")
+
+
+def check_storage_url(url: str) -> None:
+    """What can be known of a storage URL without connecting: a URL, and
+    for the file-backed ones, a folder that exists (qtune creates none
+    outside studies/) and a journal that ends in a whole record."""
+    shown = printable(mask_url(url))
+    if "://" not in url:
+        # Not echoed: a mistyped URL may still hold a password.
+        raise InputError("--storage: not a URL (no scheme://)", hint=_STORAGE_HINT)
+    path = _storage_path(url)
+    if path is None:
+        return
+    if not path.name:
+        raise StudyError(f"--storage {shown}: names no file", hint=_STORAGE_HINT)
+    if not path.parent.is_dir():
+        raise StudyError(
+            f"--storage {shown}: folder {printable(str(path.parent))} does not exist",
+            hint=f"create it first (mkdir -p {printable(str(path.parent))}); qtune "
+            "does not create folders for a storage URL")
+    if path.exists():
+        check_journal(path) if url.startswith("journal://") else _regular(path)
+
+
+def _storage_path(url: str) -> Path | None:
+    """The file of a journal or sqlite URL (None: not file-backed, or
+    sqlite in memory)."""
+    if url.startswith("journal://"):
+        return Path(url[len("journal://"):])
+    if url.startswith("sqlite:///"):
+        rest = url[len("sqlite:///"):].partition("?")[0]
+        return Path(rest) if rest and rest != ":memory:" else None
+    return None
+
+
+def _regular(path: Path) -> None:
+    if path.is_symlink() or not path.is_file():
+        raise StudyError(f"storage {printable(str(path))} is not a regular file",
+                         hint="point the storage URL at the study's own file")
+
+
+def check_journal(path: Path) -> None:
+    """Refuse a journal whose last record is cut short (a qtune killed mid-
+    write, a full disk): Optuna would append the next record onto the
+    partial line, after which the whole study is unreadable."""
+    _regular(path)
+    size = path.stat().st_size
+    if size == 0:
+        return
+    with open(path, "rb") as f:
+        # The last line: read back from the end until a newline before it.
+        chunk, pos, tail = 1 << 16, size, b""
+        while pos > 0:
+            step = min(chunk, pos)
+            pos -= step
+            f.seek(pos)
+            tail = f.read(step) + tail
+            if tail.rstrip(b"\n").rfind(b"\n") >= 0 or len(tail) > (64 << 20):
+                break
+    last = tail.rstrip(b"\n").rpartition(b"\n")[2]
+    whole = tail.endswith(b"\n")
+    if whole:
+        try:
+            import json
+
+            json.loads(last)
+        except ValueError:
+            whole = False
+    if not whole:
+        keep = size - len(last) - (1 if tail.endswith(b"\n") else 0)
+        shown = printable(str(path))
+        raise StudyError(
+            f"journal {shown} ends in a partial record ({size - keep} bytes after the "
+            "last whole one): appending to it would make the study unreadable",
+            hint=f"a qtune run was cut off mid-write; drop the partial record with "
+            f"'truncate -s {keep} {shown}' (qtune report still reads the study)")
 
 
 def _storage(cfg: TuneConfig, name: str) -> tuple[str, Path]:
+    """The storage URL and the study's folder.  ``name`` is checked: every
+    file a study writes stays under studies/ and profiles/."""
+    check_study_name(name)
+    study_dir = (cfg.studies_dir / name).absolute()
     if cfg.storage:
-        url = cfg.storage
-        if "://" not in url:
-            raise InputError(
-                f"--storage: {url!r} is not a URL",
-                hint="e.g. sqlite:///studies/x.db, postgresql://user@host/db, or "
-                "journal:///path/file.log",
-            )
-        return url, (cfg.studies_dir / name).resolve()
-    study_dir = (cfg.studies_dir / name).resolve()
-    return f"journal://{(cfg.studies_dir / (name + '.log')).resolve()}", study_dir
+        check_storage_url(cfg.storage)
+        return cfg.storage, study_dir
+    journal = (cfg.studies_dir / (name + ".log")).absolute()
+    if journal.exists() or journal.is_symlink():
+        check_journal(journal)
+    return f"journal://{journal}", study_dir
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
+def _study_files(cfg: TuneConfig, name: str) -> tuple[str, Path]:
+    """The storage URL and study folder, with every file the study will
+    write checked: the journal, the profile, the trials table."""
+    url, study_dir = _storage(cfg, name)
+    if cfg.out is None:
+        check_target(cfg.profiles_dir / f"{name}.yaml", "profile", force=cfg.force)
+    check_target(study_dir / "trials.csv", "trials table", force=True)
+    return url, study_dir
+
+
+def _pickable(pick: int, name: str, url: str) -> None:
+    """``--pick`` re-picks from a study that exists: refuse a missing study
+    or a trial that cannot be picked, reading the storage only."""
+    try:
+        study = optuna.load_study(study_name=name,
+                                  storage=open_storage(url, read_only=True))
+    except KeyError:
+        raise StudyError(f"--pick {pick}: no study {name!r} in {mask_url(url)}",
+                         hint="--pick writes the profile of a trial of a finished "
+                         "study; run the search first (without --pick)") from None
+    recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
+    ok = [r.number for r in recs if r.feasible and r.value is not None
+          and r.status == "ok"]
+    if pick not in ok:
+        raise InputError(
+            f"--pick {pick}: trial {pick} of study {name} is not a fully measured, "
+            "feasible trial",
+            hint=("pick one of trials " + ", ".join(map(str, ok))) if ok
+            else "no trial can be picked yet: run more trials")
+
+
+def open_storage(url: str, *, read_only: bool = False) -> optuna.storages.BaseStorage:
+    """Open a storage.  Folders are created only for a journal (the default
+    one under studies/; a --storage journal's folder was checked to exist);
+    ``read_only`` (report, --pick) creates nothing: the file must exist, and
+    sqlite is opened read-only."""
+    path = _storage_path(url)
+    if read_only and path is not None and not path.is_file():
+        raise StudyError(f"no storage file {printable(str(path))}",
+                         hint="check --study / --storage; report and --pick read an "
+                         "existing study and create nothing")
     try:
         if url.startswith("journal://"):
             from optuna.storages.journal import JournalFileBackend
 
-            path = Path(url[len("journal://"):])
-            path.parent.mkdir(parents=True, exist_ok=True)
+            assert path is not None
+            if not read_only:
+                path.parent.mkdir(parents=True, exist_ok=True)
             return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-        if url.startswith("sqlite:///"):
-            Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        if read_only and path is not None:
+            # SQLite's own read-only mode: not even a table is created.
+            url = f"sqlite:///file:{path.absolute()}?mode=ro&uri=true"
         # No heartbeat: Optuna runs it only under Study.optimize, and qtune
         # drives ask/tell; trials a killed run left RUNNING are failed on
         # resume instead (run_study).  SQLite gets a lock timeout.
@@ -300,7 +462,8 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
     except Exception as exc:  # sqlalchemy/driver errors vary widely
         raise StudyError(
-            f"cannot open storage {url}: {type(exc).__name__}: {exc}".splitlines()[0],
+            f"cannot open storage {mask_url(url)}: {type(exc).__name__}: "
+            f"{exc}".splitlines()[0][:300],
             hint="check the URL; PostgreSQL needs 'pip install psycopg2-binary'",
         ) from None
 
@@ -1104,8 +1267,9 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     if best is not None:
         profile = build_profile(prep, study, best, baseline, len(trials),
                                 {**pair, "improvement": improvement}, front_view)
-        path = (cfg.out or (cfg.profiles_dir / f"{prep.study_name}.yaml")).resolve()
-        profile.save(path)
+        # absolute(), not resolve(): a link is refused (checked), not followed.
+        path = (cfg.out or (cfg.profiles_dir / f"{prep.study_name}.yaml")).absolute()
+        write_atomic(path, profile.dump(), force=cfg.force, what="--out")
     attrs = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
     accuracy = estimate_accuracy(trials, attrs)
     # Saved time, estimated: the share of each pruned trial's requests never
@@ -1129,10 +1293,12 @@ def _front_view(front: list[TrialRecord], latency: str) -> list[dict[str, Any]]:
 
 def _export_trials(study: optuna.Study, path: Path) -> None:
     # The same table `qtune report` shows (imported here: report imports us).
-    from qtune.profile import write_atomic
+    # qtune's own file under studies/: replaced even if read-only, but never
+    # through a link or over a device (write_atomic checks).
     from qtune.report import trials_frame
 
-    write_atomic(path, trials_frame(study).to_csv(index=False))
+    write_atomic(path, trials_frame(study).to_csv(index=False), force=True,
+                 what="trials table")
 
 
 def _metrics_view(rec: TrialRecord | None) -> dict[str, Any] | None:

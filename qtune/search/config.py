@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qtune.engines.base import Param
-from qtune.errors import InputError
+from qtune.errors import InputError, StudyError, mask_url, printable
 from qtune.load.workload import Workload
 from qtune.yamlfile import read_mapping
 
@@ -124,11 +125,69 @@ class SpaceOverride:
     source: str = ""
 
 
+_SPACE_HINT = ("each key is a parameter: a value fixes it, a list gives choices, "
+               "{low, high, log} a range; e.g. 'max_num_seqs: {low: 8, high: 128}'")
+
+
 def load_space_file(path: Path) -> SpaceOverride:
-    data = read_mapping(path, "--space", "each key is a parameter: a value fixes it, "
-                        "a list gives choices, {low, high, log} a range; e.g. "
-                        "'max_num_seqs: {low: 8, high: 128}'")
+    """Read and check what can be checked without the engine (the shape of
+    each entry), so a bad file fails before any probe or launch."""
+    data = read_mapping(path, "--space", _SPACE_HINT)
+    for name, spec in data.items():
+        where = f"--space {printable(str(path))}: {printable(str(name))[:60]}"
+        if not isinstance(name, str):
+            raise InputError(f"{where}: parameter names are strings", hint=_SPACE_HINT)
+        if isinstance(spec, dict):
+            _check_range(spec, where)
+        elif isinstance(spec, list):
+            if not spec:
+                raise InputError(f"{where}: empty list of choices",
+                                 hint="list at least one value")
+            for v in spec:
+                _check_scalar(v, where)
+        else:
+            _check_scalar(spec, where)
     return SpaceOverride(data, str(path))
+
+
+def _check_scalar(v: Any, where: str) -> None:
+    if v is None or isinstance(v, (dict, list)):
+        raise InputError(f"{where}: a value must be a number, string or true/false",
+                         hint=_SPACE_HINT)
+    if isinstance(v, float) and not math.isfinite(v):
+        raise InputError(f"{where}: {v} is not a finite number", hint=_SPACE_HINT)
+
+
+def _check_range(spec: dict[Any, Any], where: str) -> None:
+    """A ``{low, high, log, step}`` range: numbers, finite, ordered, a log
+    range above 0 (Optuna's log distributions need low > 0) and a positive
+    step, never both log and step."""
+    extra = sorted(str(k) for k in set(spec) - {"low", "high", "log", "step"})
+    if extra:
+        raise InputError(f"{where}: a range takes low/high/log/step",
+                         hint=f"unknown keys {extra}")
+    for key in ("low", "high", "step"):
+        v = spec.get(key)
+        if v is None and key in spec:
+            raise InputError(f"{where}: {key} is empty", hint="give a number")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not math.isfinite(v)):
+            raise InputError(f"{where}: {key} must be a finite number",
+                             hint="e.g. {low: 8, high: 128}")
+    if "log" in spec and not isinstance(spec["log"], bool):
+        raise InputError(f"{where}: log must be true or false", hint="log: true")
+    low, high, step = spec.get("low"), spec.get("high"), spec.get("step")
+    if low is not None and high is not None and low > high:
+        raise InputError(f"{where}: low {low} > high {high}", hint="swap them")
+    if spec.get("log") and low is not None and low <= 0:
+        raise InputError(f"{where}: a log range needs low > 0, not {low}",
+                         hint="raise low (e.g. 1), or drop 'log: true'")
+    if step is not None and step <= 0:
+        raise InputError(f"{where}: step must be positive, not {step}",
+                         hint="e.g. step: 0.05")
+    if step is not None and spec.get("log"):
+        raise InputError(f"{where}: a range takes log or step, not both",
+                         hint="drop one of them")
 
 
 def apply_overrides(
@@ -187,6 +246,9 @@ def apply_overrides(
                 _check_value(p, v, where)
             if low > high:
                 raise InputError(f"{where}: low {low} > high {high}", hint="swap them")
+            if bool(spec.get("log", p.log)) and low <= 0:
+                raise InputError(f"{where}: a log range needs low > 0, not {low}",
+                                 hint="raise low (e.g. 1), or drop 'log: true'")
             out[name] = Param(
                 name, p.kind, low=low, high=high, log=bool(spec.get("log", p.log)),
                 step=spec.get("step", p.step), target=p.target, help=p.help,
@@ -245,6 +307,79 @@ class TuneConfig:
     # pareto: loads (req/s, or streams with --concurrency) each launched
     # config is measured at, on its one server; the workload is the highest.
     levels: tuple[float, ...] = ()
+    force: bool = False  # replace a read-only --out
+
+
+# Study names become file and folder names under studies/ and profiles/:
+# a safe alphabet, no separators, no leading dot (hidden, or "..") and short
+# enough that "<name>.log" fits a 255-byte file name with room to spare.
+STUDY_NAME_MAX = 120
+_STUDY_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+
+
+def check_study_name(name: str, flag: str = "--study") -> str:
+    shown = printable(name)[:60] + ("..." if len(name) > 60 else "")
+    if not name or not _STUDY_NAME_RE.fullmatch(name) or ".." in name \
+            or len(name) > STUDY_NAME_MAX:
+        raise StudyError(
+            f"{flag} {shown!r}: not a study name",
+            hint=f"use letters, digits, '.', '_' and '-' (up to {STUDY_NAME_MAX}, not "
+            "starting with '.', no '..'): a study's files live under studies/ and "
+            "profiles/ by that name",
+        )
+    return name
+
+
+def check_positive(value: float | None, flag: str, hint: str) -> None:
+    """A finite number above 0, or None (unset)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise InputError(f"{flag} must be a finite number above 0, not {value}",
+                         hint=hint)
+
+
+# Optuna's samplers seed numpy, which takes 0 .. 2**32 - 1.
+SEED_MAX = 2**32 - 1
+
+
+def check_config(cfg: TuneConfig) -> None:
+    """The flags' values on their own, before any file is read or process
+    started."""
+    if not 0 <= cfg.seed <= SEED_MAX:
+        raise InputError(f"--seed {cfg.seed}: out of range",
+                         hint=f"a seed is 0 .. {SEED_MAX}")
+    check_positive(cfg.startup_timeout, "--startup-timeout",
+                   "seconds a server may take to become ready, e.g. 600")
+    check_positive(cfg.time_budget, "--time-budget", "minutes, e.g. 60")
+    if cfg.max_model_len is not None and cfg.max_model_len < 1:
+        raise InputError(f"--max-model-len {cfg.max_model_len}: must be at least 1",
+                         hint="tokens of context, e.g. 4096")
+    if cfg.pick is not None and cfg.pick < 0:
+        raise InputError(f"--pick {cfg.pick}: trial numbers start at 0",
+                         hint="qtune report STUDY lists the trials")
+    if cfg.study is not None:
+        check_study_name(cfg.study)
+
+
+def check_url(url: str, flag: str = "--url") -> str:
+    """An http(s) URL with a host and a valid port; refused with the URL's
+    password masked."""
+    from urllib.parse import urlsplit
+
+    shown = printable(mask_url(url))
+    hint = "e.g. http://127.0.0.1:8000 (the server's base URL)"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError for "80x" or 99999
+    except ValueError as exc:
+        why = "bad port" if "port" in str(exc).lower() else "cannot parse it"
+        raise InputError(f"{flag} {shown}: {why}", hint=hint) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError(f"{flag} {shown}: not an http(s) URL with a host", hint=hint)
+    if port == 0:
+        raise InputError(f"{flag} {shown}: bad port", hint=hint)
+    if printable(url) != url:
+        raise InputError(f"{flag} {shown}: holds control characters", hint=hint)
+    return url
 
 
 def parse_levels(text: str | None) -> tuple[float, ...]:
@@ -260,7 +395,12 @@ def parse_levels(text: str | None) -> tuple[float, ...]:
 
 
 def check_levels(levels: tuple[float, ...]) -> tuple[float, ...]:
-    """Two or more different positive loads, sorted and without repeats."""
+    """Two or more different positive, finite loads, sorted and without
+    repeats."""
+    if not all(math.isfinite(v) for v in levels):
+        raise InputError("--levels " + ",".join(f"{v:g}" for v in levels) + ": loads "
+                         "must be finite numbers",
+                         hint="e.g. --levels 2,4,8 (req/s, or streams with --concurrency)")
     out = tuple(sorted(set(levels)))
     if len(out) < 2 or out[0] <= 0:
         raise InputError("--levels " + ",".join(f"{v:g}" for v in levels) + ": give "
