@@ -11,11 +11,20 @@ such chunk − send (the trailing usage-only chunk is excluded); output tokens
 come from the server's ``usage`` when it reports one.
 
 A request never raises: every failure (connection refused, HTTP 429/503,
-an error object mid-stream, a timeout) becomes a sample with ``error`` set.
+an error object mid-stream, a timeout, a stalled stream) becomes a sample
+with ``error`` set, its reason first ("timeout: ...", "stalled: ...",
+"HTTP 503: ...", "ServerDisconnectedError: ...") so failures group by it.
+
+A server's ``usage`` is checked before it is believed: counts that are not
+whole numbers, are negative, exceed ``max_tokens`` or exceed what the prompt's
+bytes could encode are recorded in ``usage_problem`` and the client's own
+counts are used instead (a server once reported negative completion tokens,
+and output tok/s came out negative).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -35,6 +44,13 @@ class RequestSample:
     output_tokens: int = 0
     expected_output_tokens: int = 0
     error: str | None = None
+    # The prompt length asked for (None: a dataset prompt nobody counted).
+    requested_prompt_tokens: int | None = None
+    # The server's usage.prompt_tokens, when reported and believable.
+    server_prompt_tokens: int | None = None
+    # Why the server's usage was not believed (the counts above are then
+    # the client's own: its prompt count, and text chunks for the output).
+    usage_problem: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -78,6 +94,50 @@ def _delta_text(choice: dict[str, Any]) -> str:
     return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
 
 
+# A chat template adds its own tokens around the message (Qwen's about 10,
+# Llama 3's system preamble about 25): allowed on top of the prompt's length
+# before a chat run's prompt lengths count as wrong.
+CHAT_TEMPLATE_ALLOWANCE = 64
+# Server prompt counts more than this far from the requested lengths (on
+# average, relative) make the run's workload not the one asked for.  One token
+# is always allowed: a BOS the tokenizer adds.
+LENGTH_TOLERANCE = 0.05
+# Tokens a prompt of B UTF-8 bytes can hold: at most one a byte (byte-level
+# BPE; SentencePiece's byte fallback), twice for margin, plus a template.
+_MAX_TOKENS_PER_BYTE = 2
+_TEMPLATE_TOKENS = 1024
+
+
+def _prompt_bytes(body: dict[str, Any]) -> int:
+    if "prompt" in body:
+        return len(str(body["prompt"]).encode())
+    return sum(len(str(m.get("content", "")).encode()) for m in body.get("messages", []))
+
+
+def usage_problem(
+    usage: dict[str, Any], max_tokens: int, prompt_bytes: int
+) -> str | None:
+    """Why ``usage`` cannot be right, or None."""
+    for key in ("prompt_tokens", "completion_tokens"):
+        v = usage.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            return f"usage.{key}={v!r} is not a whole number"
+        if v < 0:
+            return f"usage.{key}={v} is negative"
+    out = usage.get("completion_tokens")
+    if out is not None and out > max_tokens:
+        # max_tokens is a hard cap in the OpenAI API.
+        return f"usage.completion_tokens={out} is above max_tokens={max_tokens}"
+    p = usage.get("prompt_tokens")
+    limit = _MAX_TOKENS_PER_BYTE * prompt_bytes + _TEMPLATE_TOKENS
+    if p is not None and p > limit:
+        return (f"usage.prompt_tokens={p} is more than a {prompt_bytes}-byte "
+                f"prompt can hold")
+    return None
+
+
 async def send(
     session: aiohttp.ClientSession,
     url: str,
@@ -85,66 +145,81 @@ async def send(
     *,
     prompt_tokens: int,
     timeout: float = 600.0,
+    stall_timeout: float = 60.0,
     sample: RequestSample | None = None,
 ) -> RequestSample:
     """``sample``, when given, is filled in place, so a watcher can see a
-    request's progress (start, first token) while it is in flight."""
+    request's progress (start, first token) while it is in flight.
+
+    ``timeout`` bounds the whole request; ``stall_timeout`` the silence
+    between two reads of the body once it has started.  Before the first
+    byte only ``timeout`` applies: vLLM sends nothing until the first token,
+    which may follow a long queue and prefill."""
     s = sample if sample is not None else RequestSample()
     s.prompt_tokens = prompt_tokens
     s.expected_output_tokens = body["max_tokens"]
     chunks = 0
     last = 0.0
+    usage_seen: dict[str, Any] | None = None
+    loop = asyncio.get_running_loop()
+    stall = asyncio.timeout(None)
     s.start = time.perf_counter()
     try:
-        async with session.post(
-            url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)
-        ) as resp:
-            if resp.status != 200:
-                # errors="replace": a proxy's binary error page must not raise.
-                text = (await resp.text(errors="replace"))[:200].replace("\n", " ")
-                s.error = f"HTTP {resp.status}: {text}"
-                return s
-            # aiohttp yields whole lines even when a TCP read split an event.
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line or not line.startswith(b"data:"):
-                    continue  # SSE comments, keep-alives, "event:" lines
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break  # some servers keep the connection open after it
-                now = time.perf_counter()
-                try:
-                    event = json.loads(data)
-                    if not isinstance(event, dict):
-                        raise TypeError("not a JSON object")
-                    if "error" in event:
-                        err = event["error"]
-                        msg = err.get("message") if isinstance(err, dict) else err
-                        s.error = f"server error mid-stream: {msg}"
-                        return s
-                    choices = event.get("choices") or []
-                    has_text = bool(choices) and bool(_delta_text(choices[0]))
-                    usage = event.get("usage")
-                    if usage:
-                        s.output_tokens = int(usage.get("completion_tokens") or 0)
-                        s.prompt_tokens = int(
-                            usage.get("prompt_tokens") or prompt_tokens
-                        )
-                except (ValueError, TypeError, AttributeError):
-                    # Not JSON, or JSON of another shape ([...], null, a
-                    # string, choices that are not objects): a failed
-                    # request, never an exception out of send().
-                    s.error = f"bad SSE payload: {data[:80]!r}"
+        async with stall:
+            async with session.post(
+                url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                if resp.status != 200:
+                    # errors="replace": a proxy's binary error page must not raise.
+                    text = (await resp.text(errors="replace"))[:200].replace("\n", " ")
+                    s.error = f"HTTP {resp.status}: {text}"
                     return s
-                if has_text:
-                    if s.ttft is None:
-                        s.ttft = now - s.start
-                    else:
-                        s.itl.append(now - last)
-                    last = now
-                    chunks += 1
+                # aiohttp yields whole lines even when a TCP read split an event.
+                async for raw in resp.content:
+                    # One timer, moved on each read: cheaper than a
+                    # wait_for per line on the hot path.
+                    stall.reschedule(loop.time() + stall_timeout)
+                    line = raw.strip()
+                    if not line or not line.startswith(b"data:"):
+                        continue  # SSE comments, keep-alives, "event:" lines
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break  # some servers keep the connection open after it
+                    now = time.perf_counter()
+                    try:
+                        event = json.loads(data)
+                        if not isinstance(event, dict):
+                            raise TypeError("not a JSON object")
+                        if "error" in event:
+                            err = event["error"]
+                            msg = err.get("message") if isinstance(err, dict) else err
+                            s.error = f"server error mid-stream: {msg}"
+                            return s
+                        choices = event.get("choices") or []
+                        has_text = bool(choices) and bool(_delta_text(choices[0]))
+                        usage = event.get("usage")
+                        if usage:
+                            if not isinstance(usage, dict):
+                                raise TypeError("usage is not an object")
+                            usage_seen = usage  # running counts: keep the last
+                    except (ValueError, TypeError, AttributeError):
+                        # Not JSON, or JSON of another shape ([...], null, a
+                        # string, choices that are not objects): a failed
+                        # request, never an exception out of send().
+                        s.error = f"bad SSE payload: {data[:80]!r}"
+                        return s
+                    if has_text:
+                        if s.ttft is None:
+                            s.ttft = now - s.start
+                        else:
+                            s.itl.append(now - last)
+                        last = now
+                        chunks += 1
     except TimeoutError:
-        s.error = f"timeout after {timeout:.0f} s"
+        if stall.expired():
+            s.error = f"stalled: no data for {stall_timeout:g} s"
+        else:
+            s.error = f"timeout: request over {timeout:g} s"
         return s
     except (aiohttp.ClientError, HttpProcessingError) as exc:
         # HttpProcessingError: LineTooLong, an SSE line over aiohttp's
@@ -155,8 +230,52 @@ async def send(
         s.error = "no tokens received"
         return s
     s.e2e = last - s.start
+    if usage_seen is not None:
+        problem = usage_problem(usage_seen, body["max_tokens"], _prompt_bytes(body))
+        if problem is not None:
+            s.usage_problem = problem
+        else:
+            s.output_tokens = int(usage_seen.get("completion_tokens") or 0)
+            # 0 for a prompt that reached the model: a server that does not
+            # count (as before, the client's count stands).
+            if usage_seen.get("prompt_tokens"):
+                s.server_prompt_tokens = int(usage_seen["prompt_tokens"])
+                s.prompt_tokens = s.server_prompt_tokens
     if s.output_tokens == 0:
-        # No usage report: one chunk is one token for vLLM with
+        # No (believable) usage: one chunk is one token for vLLM with
         # stream_interval 1; other servers may batch, so this is a floor.
         s.output_tokens = chunks
     return s
+
+
+def sample_checks(samples: list[RequestSample], endpoint: str) -> dict[str, Any]:
+    """What a run's summary must say about its own trustworthiness: usage
+    counts not believed, and prompt lengths that are not the ones asked for.
+
+    ``prompt_length`` compares the server's ``usage.prompt_tokens`` with the
+    requested lengths over the requests that have both; ``length_mismatch``
+    (server mean / requested mean - 1) is set only when they differ by more
+    than ``LENGTH_TOLERANCE`` (and a BOS token, and a chat template)."""
+    out: dict[str, Any] = {}
+    ok = [s for s in samples if s.ok]
+    problems: dict[str, int] = {}
+    for s in ok:
+        if s.usage_problem:
+            key = s.usage_problem.split("=")[0]  # "usage.completion_tokens"
+            problems[key] = problems.get(key, 0) + 1
+    if problems:
+        first = next(s.usage_problem for s in ok if s.usage_problem)
+        out["usage_distrusted"] = {"requests": sum(problems.values()),
+                                   "by_field": problems, "example": first}
+    pairs = [(s.requested_prompt_tokens, s.server_prompt_tokens) for s in ok
+             if s.requested_prompt_tokens and s.server_prompt_tokens is not None]
+    if pairs:
+        req = sum(p[0] for p in pairs) / len(pairs)
+        srv = sum(p[1] for p in pairs) / len(pairs)
+        allowed = max(LENGTH_TOLERANCE * req, 1.0) + (
+            CHAT_TEMPLATE_ALLOWANCE if endpoint == "chat" else 0)
+        out["prompt_length"] = {"requests": len(pairs), "requested_mean": req,
+                                "server_mean": srv, "allowed_difference": allowed}
+        if abs(srv - req) > allowed:
+            out["length_mismatch"] = srv / req - 1.0
+    return out

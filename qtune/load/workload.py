@@ -6,14 +6,16 @@ come from flags or from a ``--workload FILE.yaml`` with the same keys.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import random
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from qtune.errors import InputError
+from qtune.errors import InputError, mask_url
 from qtune.yamlfile import read_mapping
 
 
@@ -71,13 +73,50 @@ class Lengths:
                 "normal": f"normal:{self.a}:{self.b}"}[self.kind]
 
 
+# A p99 over fewer requests is mostly its one or two slowest.
+DEFAULT_REQUESTS = 200
+# A 4k-token generation at 10 tok/s (a 4B model on a few CPU cores) takes
+# 400 s: a request may take minutes and still be alive.
+DEFAULT_REQUEST_TIMEOUT = 600.0
+# Between two chunks of a stream a server sends one token's worth of work:
+# tens of ms on a GPU, about a second on a slow CPU at full batch.  A minute
+# with no byte at all is a dead stream.
+DEFAULT_STALL_TIMEOUT = 60.0
+# Below one request in ~17 minutes a run of any useful length never ends, and
+# 1e-300 req/s would sleep "forever"; above 100,000 req/s no client on one
+# event loop keeps its send schedule.
+MIN_RATE, MAX_RATE = 0.001, 100_000.0
+# Gamma shape: 0.01 is a coefficient of variation of 10 (bursts of hundreds
+# at once), 100 one of 0.1 (nearly constant); beyond either the gaps stop
+# meaning "burstiness" and gammavariate returns denormals or a clock.
+MIN_BURSTINESS, MAX_BURSTINESS = 0.01, 100.0
+
+
+def _number(value: Any, flag: str, hint: str) -> float:
+    """A finite real number (not a bool, not text) or an InputError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{flag}: {value!r} is not a number", hint=hint)
+    if not math.isfinite(value):
+        raise InputError(f"{flag}: {value!r} is not a finite number", hint=hint)
+    return float(value)
+
+
+def _whole(value: Any, flag: str, hint: str) -> int:
+    """A whole number (not a bool, not 1.5, not text) or an InputError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{flag}: {value!r} is not a whole number", hint=hint)
+    return value
+
+
 @dataclass(frozen=True)
 class Workload:
     input_len: int | str = 256
     output_len: int | str = 64
     rate: float | None = None  # requests/s
     concurrency: int | None = None  # fixed number of streams
-    requests: int | None = 100
+    # None: DEFAULT_REQUESTS when no --duration is given, else unbounded (a
+    # duration bound alone runs for the duration).
+    requests: int | None = None
     duration: float | None = None  # seconds; whichever bound comes first
     warmup_requests: int = 8
     seed: int = 0
@@ -87,11 +126,57 @@ class Workload:
     dataset: str | None = None  # ShareGPT JSON or JSONL {prompt, output_tokens}
     prefix_count: int = 0  # shared-prefix workload: N distinct system prompts
     prefix_len: int = 0  # ... of this many tokens each
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT  # seconds, whole request
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT  # seconds without a byte mid-stream
     _lengths: tuple[Lengths, Lengths] = field(
         default=(Lengths("fixed", 1), Lengths("fixed", 1)), repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
+        # Types first: a workload file's "rate: fast" or "requests: 1.5" must
+        # be one clear line, not a TypeError three calls later.
+        for name, flag, hint in (
+            ("requests", "--requests", "measured requests, e.g. 200"),
+            ("concurrency", "--concurrency", "streams in flight, e.g. 4"),
+        ):
+            if getattr(self, name) is not None:
+                _whole(getattr(self, name), flag, hint)
+        for name, flag, hint in (
+            ("warmup_requests", "--warmup", "warm-up requests, e.g. 16 (0: none)"),
+            ("seed", "--seed", "a whole number, e.g. 0"),
+            ("prefix_count", "--prefix-count", "distinct shared prefixes, e.g. 4"),
+            ("prefix_len", "--prefix-len", "tokens per shared prefix, e.g. 512"),
+        ):
+            _whole(getattr(self, name), flag, hint)
+        for name, flag in (("arrival", "--arrival"), ("endpoint", "--endpoint")):
+            if not isinstance(getattr(self, name), str):
+                raise InputError(f"{flag}: {getattr(self, name)!r} is not a name",
+                                 hint="poisson or constant" if name == "arrival"
+                                 else "completions or chat")
+        if self.dataset is not None and not isinstance(self.dataset, str):
+            raise InputError(f"--dataset: {self.dataset!r} is not a path",
+                             hint="a ShareGPT JSON or JSONL file")
+        if self.rate is not None:
+            r = _number(self.rate, "--rate", "requests per second, e.g. 4 or 0.5")
+            if not MIN_RATE <= r <= MAX_RATE:
+                raise InputError(
+                    f"--rate {r:g} is outside {MIN_RATE:g}..{MAX_RATE:g} req/s",
+                    hint="requests per second, e.g. 4; for a closed loop use "
+                    "--concurrency")
+        if self.duration is not None:
+            d = _number(self.duration, "--duration", "seconds, e.g. 60")
+            if d <= 0:
+                raise InputError("--duration must be positive", hint="seconds, e.g. 60")
+        b = _number(self.burstiness, "--burstiness",
+                    "1 = Poisson, < 1 burstier, > 1 more regular")
+        if not MIN_BURSTINESS <= b <= MAX_BURSTINESS:
+            raise InputError(
+                f"--burstiness {b:g} is outside {MIN_BURSTINESS:g}..{MAX_BURSTINESS:g}",
+                hint="1 = Poisson, < 1 burstier, > 1 more regular")
+        for name, flag in (("request_timeout", "--request-timeout"),
+                           ("stall_timeout", "--stall-timeout")):
+            if _number(getattr(self, name), flag, "seconds, e.g. 600") <= 0:
+                raise InputError(f"{flag} must be positive", hint="seconds, e.g. 600")
         lens = (Lengths.parse(self.input_len, "--input-len"),
                 Lengths.parse(self.output_len, "--output-len"))
         object.__setattr__(self, "_lengths", lens)
@@ -101,26 +186,17 @@ class Workload:
                 hint="--rate R sends requests at R/s (Poisson by default); "
                 "--concurrency C keeps C requests in flight",
             )
-        if self.rate is not None and self.rate <= 0:
-            raise InputError("--rate must be positive", hint="requests per second")
         if self.concurrency is not None and self.concurrency < 1:
             raise InputError("--concurrency must be at least 1", hint="streams in flight")
         if self.requests is None and self.duration is None:
-            raise InputError(
-                "the load needs a bound", hint="give --requests N or --duration S"
-            )
+            object.__setattr__(self, "requests", DEFAULT_REQUESTS)
         if self.requests is not None and self.requests < 1:
             raise InputError("--requests must be at least 1", hint="measured requests")
-        if self.duration is not None and self.duration <= 0:
-            raise InputError("--duration must be positive", hint="seconds")
         if self.warmup_requests < 0:
             raise InputError("--warmup must be 0 or more", hint="0 disables the warm-up")
         if self.arrival not in ("poisson", "constant"):
             raise InputError(f"--arrival: unknown {self.arrival!r}",
                              hint="poisson (with --burstiness) or constant")
-        if self.burstiness <= 0:
-            raise InputError("--burstiness must be positive",
-                             hint="1 = Poisson, < 1 burstier, > 1 more regular")
         if self.endpoint not in ("completions", "chat"):
             raise InputError(f"--endpoint: unknown {self.endpoint!r}",
                              hint="completions or chat")
@@ -129,9 +205,13 @@ class Workload:
         ):
             raise InputError("--prefix-count and --prefix-len go together",
                              hint="e.g. --prefix-count 4 --prefix-len 512")
-        if self.dataset is not None and not Path(self.dataset).is_file():
-            raise InputError(f"--dataset: {self.dataset} is not a file",
-                             hint="ShareGPT JSON or JSONL with 'prompt' lines")
+        if self.dataset is not None:
+            if not Path(self.dataset).is_file():
+                raise InputError(f"--dataset: {self.dataset} is not a file",
+                                 hint="ShareGPT JSON or JSONL with 'prompt' lines")
+            # Read (once, cached) now: a bad file must be refused before any
+            # server starts, not when the first trial builds its requests.
+            _load_dataset(Path(self.dataset))
 
     @property
     def input_lengths(self) -> Lengths:
@@ -158,6 +238,12 @@ class Workload:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("_lengths")
+        # Timeouts at their defaults are left out, so that a study begun
+        # before they existed still resumes (it compares workload dicts).
+        for name, default in (("request_timeout", DEFAULT_REQUEST_TIMEOUT),
+                              ("stall_timeout", DEFAULT_STALL_TIMEOUT)):
+            if d[name] == default:
+                d.pop(name)
         return d
 
     @classmethod
@@ -190,37 +276,166 @@ def load_workload_file(path: Path) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Request:
     prompt: str
-    prompt_tokens: int
+    prompt_tokens: int  # the client's count (exact with a tokenizer, else words)
     max_tokens: int
+    # The length asked for, to hold the server's count against; None for a
+    # dataset prompt no tokenizer counted (no length was asked for).
+    requested_tokens: int | None = None
+
+
+# Candidate ids tried for a tokenizer's pool: a seeded sample, so a 150k
+# vocabulary costs 5,000 single-token round trips (about 50 ms), not 150,000.
+_POOL_CANDIDATES = 5000
+
+
+def _clean_ids(tok: Any, vocab: int, specials: frozenset[int]) -> list[int]:
+    """Ids that decode to text which encodes back to that one id.  A byte
+    token of a byte-level BPE decodes to half a character, which re-encodes
+    to other ids: prompts drawn from such ids missed their length by 2-3
+    tokens in 40 after eight rounds of trimming."""
+    ids = [i for i in range(vocab) if i not in specials]
+    if len(ids) > _POOL_CANDIDATES:
+        ids = sorted(random.Random(0).sample(ids, _POOL_CANDIDATES))
+    clean = [i for i in ids
+             if tok.encode(tok.decode([i]), add_special_tokens=False).ids == [i]]
+    return clean or ids
+
+
+class LocalTokenizer:
+    """A ``tokenizer.json`` read with the ``tokenizers`` library."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+        # Skip special tokens: they may end or reshape the prompt.
+        specials = {
+            i for t, i in self.tok.get_vocab(with_added_tokens=True).items()
+            if t.startswith("<") and t.endswith(">")
+        }
+        n = self.tok.get_vocab_size(with_added_tokens=True)
+        self.pool = _clean_ids(self.tok, n, frozenset(specials))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tok.decode(ids))
+
+
+# Varied English for harvesting ordinary token ids from a server's tokenizer:
+# about 150 distinct words, so random prompts share no 16-token block (vLLM's
+# prefix-cache unit) by chance.
+_HARVEST = (
+    "The quick brown fox jumps over the lazy dog while seven wizards quietly "
+    "judge boxing matches near a frozen river; meanwhile, bright yellow "
+    "taxis carry tired musicians through narrow streets, past bakeries "
+    "selling warm bread, chocolate cakes and spicy sausages. Engineers measure "
+    "latency, throughput, memory bandwidth and queue depth before choosing "
+    "hardware. History teaches patience: empires rise, harvests fail, "
+    "oceans remain. Children laugh, elephants wander, volcanoes sleep, "
+    "mountains glow at sunset. Doctors, farmers, pilots, teachers, lawyers "
+    "and carpenters vote on Tuesday about taxes, bridges, libraries, "
+    "hospitals, gardens and railways. Numbers like 42, 1987 and 3.14159 "
+    "appear in reports, tables, spreadsheets and novels written in winter."
+)
+
+
+class ServerTokenizer:
+    """The served model's own tokenizer, over vLLM's ``POST /tokenize``
+    (``{"model", "prompt", "add_special_tokens"}`` → ``{"tokens", "count"}``)
+    and ``POST /detokenize`` (``{"model", "tokens"}`` → ``{"prompt"}``).
+    Synchronous: prompts are built before a phase starts, never during it."""
+
+    def __init__(self, base_url: str, model: str, timeout: float = 30.0) -> None:
+        self.base = base_url.rstrip("/")
+        self.model = model
+        self.timeout = timeout
+        self.calls = 0
+        ids = set(self.encode(_HARVEST))
+        if len(ids) < 64:
+            # A vocabulary that knows no English (a word-level one maps it all
+            # to <unk>): its low ids, round-tripped through text, are its words.
+            # Not otherwise: in a byte-level BPE they are half characters.
+            try:
+                ids.update(self.encode(self.decode(list(range(256)))))
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # fewer than 256 ids, or no /detokenize: the harvest only
+        self.pool = sorted(ids)
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        import urllib.request
+
+        req = urllib.request.Request(
+            self.base + path, data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"}, method="POST")
+        self.calls += 1
+        with urllib.request.urlopen(req, timeout=self.timeout) as r:
+            data = json.loads(r.read())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} answered {type(data).__name__}, not an object")
+        return data
+
+    def encode(self, text: str) -> list[int]:
+        data = self._post("/tokenize", {"model": self.model, "prompt": text,
+                                        "add_special_tokens": False})
+        tokens = data["tokens"]
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in tokens
+        ):
+            raise ValueError("/tokenize: 'tokens' is not a list of ids")
+        return tokens
+
+    def decode(self, ids: list[int]) -> str:
+        text = self._post("/detokenize", {"model": self.model, "tokens": ids})["prompt"]
+        if not isinstance(text, str):
+            raise ValueError("/detokenize: 'prompt' is not text")
+        return text
+
+    def __str__(self) -> str:
+        return f"{mask_url(self.base)}/tokenize"
+
+    @classmethod
+    def connect(cls, base_url: str, model: str) -> tuple[ServerTokenizer | None, str]:
+        """The server's tokenizer, or None and why not."""
+        try:
+            tok = cls(base_url, model)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return None, f"no usable /tokenize ({type(exc).__name__}: {exc})"[:200]
+        if len(tok.pool) < 32:
+            return None, f"/tokenize knows only {len(tok.pool)} distinct ids"
+        return tok, f"the server's /tokenize ({base_url})"
 
 
 class PromptFactory:
     """Synthetic prompts of an exact token length.
 
-    With a tokenizer: random ids decoded to text, re-encoded and trimmed
-    until the text is exactly ``n`` tokens (vLLM's random dataset does the
-    same).  Without one: ``n`` common words, about one token each.
+    With a tokenizer (a local ``tokenizer.json`` folder, or the server's own
+    through ``ServerTokenizer``): random ids decoded to text, re-encoded and
+    trimmed until the text is exactly ``n`` tokens (vLLM's random dataset
+    does the same).  Without one: ``n`` common words, about one token each
+    (measured: 3.4 tokens a word in a BPE vocabulary, so the server's counts
+    are checked against these).
     """
 
-    def __init__(self, tokenizer_path: Path | None, seed: int) -> None:
+    def __init__(self, tokenizer: Path | ServerTokenizer | LocalTokenizer | None,
+                 seed: int) -> None:
         self.rng = random.Random(seed)
-        self.tok = None
-        if tokenizer_path is not None and (tokenizer_path / "tokenizer.json").is_file():
-            from tokenizers import Tokenizer
+        self.tok: ServerTokenizer | LocalTokenizer | None = None
+        if isinstance(tokenizer, (ServerTokenizer, LocalTokenizer)):
+            self.tok = tokenizer
+        elif tokenizer is not None and (tokenizer / "tokenizer.json").is_file():
+            self.tok = LocalTokenizer(tokenizer)
+        self.ids = self.tok.pool if self.tok is not None else []
 
-            self.tok = Tokenizer.from_file(str(tokenizer_path / "tokenizer.json"))
-            # Skip special tokens: they may end or reshape the prompt.
-            specials = {
-                i for t, i in self.tok.get_vocab(with_added_tokens=True).items()
-                if t.startswith("<") and t.endswith(">")
-            }
-            n = self.tok.get_vocab_size(with_added_tokens=True)
-            self.ids = [i for i in range(n) if i not in specials]
+    @property
+    def exact(self) -> bool:
+        return self.tok is not None
 
     def count(self, text: str) -> int | None:
         if self.tok is None:
             return None
-        return len(self.tok.encode(text, add_special_tokens=False).ids)
+        return len(self.tok.encode(text))
 
     def prompt(self, n: int) -> tuple[str, int]:
         """A prompt and its length in tokens (exact with a tokenizer)."""
@@ -230,7 +445,7 @@ class PromptFactory:
         ids = [self.rng.choice(self.ids) for _ in range(n)]
         text = self.tok.decode(ids)
         for _ in range(8):
-            enc = self.tok.encode(text, add_special_tokens=False).ids
+            enc = self.tok.encode(text)
             if len(enc) == n:
                 return text, n
             if len(enc) > n:
@@ -238,13 +453,15 @@ class PromptFactory:
             else:
                 enc = enc + [self.rng.choice(self.ids) for _ in range(n - len(enc))]
             text = self.tok.decode(enc)
-        return text, len(self.tok.encode(text, add_special_tokens=False).ids)
+        return text, len(self.tok.encode(text))
 
 
 class RequestSource:
     """Yields the requests of one phase, reproducibly from the seed."""
 
-    def __init__(self, wl: Workload, tokenizer: Path | None, seed: int) -> None:
+    def __init__(self, wl: Workload,
+                 tokenizer: Path | ServerTokenizer | LocalTokenizer | None,
+                 seed: int) -> None:
         self.wl = wl
         self.rng = random.Random(seed)
         self.prompts = PromptFactory(tokenizer, seed)
@@ -263,14 +480,15 @@ class RequestSource:
         if self.dataset is not None:
             prompt, out_tokens = self.dataset[self.i % len(self.dataset)]
             self.i += 1
-            n = self.prompts.count(prompt) or len(prompt.split())
-            return Request(prompt, n, out_tokens or wl.output_lengths.sample(self.rng))
+            counted = self.prompts.count(prompt)
+            return Request(prompt, counted or len(prompt.split()),
+                           out_tokens or wl.output_lengths.sample(self.rng), counted)
         text, n = self.prompts.prompt(wl.input_lengths.sample(self.rng))
         if self.prefixes:
             prefix, pn = self.prefixes[self.rng.randrange(len(self.prefixes))]
             text, n = prefix + " " + text, pn + n
             n = self.prompts.count(text) or n
-        return Request(text, n, wl.output_lengths.sample(self.rng))
+        return Request(text, n, wl.output_lengths.sample(self.rng), n)
 
     def take(self, n: int) -> list[Request]:
         return [self.next() for _ in range(n)]
@@ -279,10 +497,33 @@ class RequestSource:
 def _load_dataset(path: Path) -> list[tuple[str, int | None]]:
     """ShareGPT JSON (first human turn; the reply's length is the output
     length when no tokenizer is known: words) or JSONL with ``prompt`` and
-    optional ``output_tokens``."""
-    text = path.read_text()
-    rows: list[tuple[str, int | None]] = []
+    optional ``output_tokens``.  A fresh list each call; the parse is cached
+    per file version, since every ``dataclasses.replace`` of a workload
+    re-checks its dataset (a ShareGPT file is 600+ MB)."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise InputError(f"--dataset {path}: cannot read ({exc.strerror})",
+                         hint="ShareGPT JSON or JSONL with 'prompt' lines") from None
+    return list(_parse_dataset(str(path.resolve()), st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_dataset(
+    name: str, _mtime_ns: int, _size: int
+) -> tuple[tuple[str, int | None], ...]:
+    path = Path(name)
     where = f"--dataset {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{where}: not UTF-8 text (byte {exc.start} is "
+                         f"0x{exc.object[exc.start]:02x})",
+                         hint="ShareGPT JSON or JSONL, saved as UTF-8") from None
+    except OSError as exc:
+        raise InputError(f"{where}: cannot read ({exc.strerror})",
+                         hint="ShareGPT JSON or JSONL with 'prompt' lines") from None
+    rows: list[tuple[str, int | None]] = []
     if path.suffix == ".jsonl" or not text.lstrip().startswith("["):
         for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -291,27 +532,38 @@ def _load_dataset(path: Path) -> list[tuple[str, int | None]]:
                 obj = json.loads(line)
                 prompt = obj["prompt"]
                 out = obj.get("output_tokens")
-                if not isinstance(prompt, str) or (out is not None and int(out) < 1):
+                if not isinstance(prompt, str) or (
+                    out is not None and (isinstance(out, bool)
+                                         or not isinstance(out, int) or out < 1)
+                ):
                     raise ValueError
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, AttributeError):
                 raise InputError(f"{where} line {i}: not a JSON object with a "
                                  "'prompt' string",
                                  hint='each line: {"prompt": "...", "output_tokens": 128}'
                                  ) from None
-            rows.append((prompt, int(out) if out is not None else None))
+            rows.append((prompt, out))
     else:
         try:
             data = json.loads(text)
         except ValueError as exc:
             raise InputError(f"{where}: not valid JSON ({exc})",
                          hint="ShareGPT JSON (a list of conversations) or JSONL") from None
-        for conv in data:
-            turns = conv.get("conversations") or conv.get("conversation") or []
+        shape_hint = ('ShareGPT: [{"conversations": [{"from": "human", "value": '
+                      '"..."}, {"from": "gpt", "value": "..."}]}, ...]')
+        for k, conv in enumerate(data):
+            turns = (conv.get("conversations") or conv.get("conversation") or []
+                     if isinstance(conv, dict) else None)
+            if not isinstance(turns, list) or not all(
+                isinstance(t, dict) for t in turns
+            ):
+                raise InputError(f"{where} item {k}: not a conversation object",
+                                 hint=shape_hint)
             human = next((t.get("value") for t in turns
                           if t.get("from") in ("human", "user")), None)
             reply = next((t.get("value") for t in turns
                           if t.get("from") in ("gpt", "assistant")), None)
-            if human and reply:
+            if isinstance(human, str) and isinstance(reply, str) and human and reply:
                 # vLLM's ShareGPT loader drops very short samples too.
                 out = max(len(reply.split()), 1)
                 if len(human.split()) >= 4 and out >= 4:
@@ -319,4 +571,4 @@ def _load_dataset(path: Path) -> list[tuple[str, int | None]]:
     if not rows:
         raise InputError(f"{where}: no usable prompts",
                          hint="ShareGPT JSON or JSONL with a 'prompt' per line")
-    return rows
+    return tuple(rows)

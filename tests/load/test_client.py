@@ -23,8 +23,10 @@ from tests.load._sse_server import (
     now,
     open_stream,
     serve,
+    stalling,
     text,
     usage,
+    with_usage,
 )
 
 GAP = 0.030  # server-side pause between text chunks
@@ -468,3 +470,117 @@ def test_json_roundtrip_of_event_helper():
     assert json.loads(text("q")[6:].strip()) == {
         "choices": [{"index": 0, "text": "q", "finish_reason": None}]
     }
+
+
+# --- timeouts: a dead server is a failed sample with its reason -------------
+
+
+async def _send_kw(base: str, **kw: Any) -> tuple[RequestSample, float]:
+    body = build_body("completions", "m", "hello there", 8)
+    async with aiohttp.ClientSession() as session:
+        t0 = now()
+        s = await send(session, base + "/v1/completions", body, prompt_tokens=3, **kw)
+        return s, now() - t0
+
+
+def test_stream_that_stops_mid_way_is_a_stalled_sample():
+    """Two tokens, then silence with the connection open: before the stall
+    timeout existed this held the request for the whole 600 s timeout."""
+
+    async def main() -> tuple[RequestSample, float]:
+        async with serve(stalling(after=2, hold=5.0)) as base:
+            return await _send_kw(base, timeout=30.0,
+                                           stall_timeout=0.3)
+
+    s, wall = asyncio.run(main())
+    assert not s.ok and s.error == "stalled: no data for 0.3 s"
+    assert s.ttft is not None  # it did start
+    assert 0.3 <= wall < 1.5
+
+
+def test_keepalive_comments_are_data_for_the_stall_clock():
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await resp.write(text("a"))
+        for _ in range(5):  # 0.5 s of comments, each 0.1 s apart
+            await asyncio.sleep(0.1)
+            await resp.write(b": ping\n\n")
+        await resp.write(text("b") + usage(2) + DONE)
+        return resp
+
+    async def main() -> tuple[RequestSample, float]:
+        async with serve(handler) as base:
+            return await _send_kw(base, timeout=30.0,
+                                           stall_timeout=0.3)
+
+    s, _ = asyncio.run(main())
+    assert s.ok, s.error
+
+
+def test_request_timeout_bounds_a_slow_first_token():
+    """No byte before the first token: only the whole-request timeout applies
+    there (a first token may follow a long queue), and it is worded so."""
+
+    async def main() -> tuple[RequestSample, float]:
+        async with serve(stalling(after=0, hold=5.0)) as base:
+            return await _send_kw(base, timeout=0.4,
+                                           stall_timeout=0.1)
+
+    s, wall = asyncio.run(main())
+    assert not s.ok and s.error == "timeout: request over 0.4 s"
+    assert 0.4 <= wall < 1.5
+
+
+# --- usage the server gets wrong is not believed ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"prompt_tokens": 5, "completion_tokens": -40}, "completion_tokens"),
+        ({"prompt_tokens": -1, "completion_tokens": 3}, "prompt_tokens"),
+        ({"prompt_tokens": 5, "completion_tokens": 2.5}, "completion_tokens"),
+        ({"prompt_tokens": 5, "completion_tokens": "3"}, "completion_tokens"),
+        ({"prompt_tokens": 5, "completion_tokens": 100_000}, "completion_tokens"),
+        ({"prompt_tokens": 10**9, "completion_tokens": 3}, "prompt_tokens"),
+    ],
+    ids=["negative-out", "negative-in", "fraction", "text", "over-max", "absurd-in"],
+)
+def test_bad_usage_is_flagged_and_client_counts_used(raw: dict[str, Any], field: str):
+    s, _ = run_with(with_usage(raw, tokens=3), max_tokens=8)
+    assert s.ok, s.error  # the latencies are still real
+    assert s.usage_problem and f"usage.{field}" in s.usage_problem
+    assert s.output_tokens == 3  # the three text chunks, not the report
+    assert s.prompt_tokens == 3 and s.server_prompt_tokens is None  # the client's
+
+
+def test_good_usage_is_believed():
+    s, _ = run_with(with_usage({"prompt_tokens": 9, "completion_tokens": 8}), max_tokens=8)
+    assert s.ok and s.usage_problem is None
+    assert s.output_tokens == 8 and s.prompt_tokens == 9 == s.server_prompt_tokens
+
+
+def test_sample_checks_flag_length_mismatch_and_distrust():
+    from qtune.load.client import sample_checks
+
+    def sample(req: int | None, srv: int | None, problem: str | None = None):
+        return RequestSample(ttft=0.1, e2e=0.2, output_tokens=2,
+                             requested_prompt_tokens=req, server_prompt_tokens=srv,
+                             usage_problem=problem)
+
+    # 678 counted where 200 were asked (the CPU target without a tokenizer).
+    c = sample_checks([sample(200, 678)] * 4, "completions")
+    assert c["length_mismatch"] == pytest.approx(2.39)
+    assert c["prompt_length"]["requests"] == 4
+    # A BOS token more, or 4% off: within what is allowed.
+    assert "length_mismatch" not in sample_checks([sample(8, 9)] * 3, "completions")
+    assert "length_mismatch" not in sample_checks([sample(200, 208)], "completions")
+    assert "length_mismatch" in sample_checks([sample(200, 212)], "completions")
+    # A chat template's tokens are allowed on top.
+    assert "length_mismatch" not in sample_checks([sample(200, 230)], "chat")
+    # Dataset prompts nobody counted are not compared.
+    assert sample_checks([sample(None, 500)], "completions") == {}
+    bad = sample_checks([sample(200, None, "usage.completion_tokens=-4 is negative")],
+                        "completions")
+    assert bad["usage_distrusted"]["requests"] == 1
+    assert bad["usage_distrusted"]["by_field"] == {"usage.completion_tokens": 1}

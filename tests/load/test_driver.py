@@ -342,3 +342,120 @@ def test_idle_connections_are_not_reused_past_the_servers_timeout(monkeypatch):
     res = asyncio.run(main())
     assert [s.error for s in res.samples if s.error] == []
     assert len(res.samples) == 3
+
+
+# --- bounds and timeouts (issue 13 item 6) ---------------------------------
+
+
+def test_duration_alone_runs_for_the_duration():
+    """`--duration` without `--requests` stopped after 100 requests (the
+    Workload's default count) in a quarter of the duration here."""
+    rec = Recorder(first=0.002, gap=0.002, tokens=2)
+    res, wall = load(rec, Workload(input_len=4, output_len=2, concurrency=4,
+                                   duration=0.6, warmup_requests=0))
+    starts = sorted(s.start for s in res.samples)
+    assert len(res.samples) > 100
+    assert starts[-1] - starts[0] >= 0.5  # sends went on for the duration
+    assert wall < 0.6 + 0.5
+
+
+def test_a_stalled_stream_fails_with_its_reason_and_the_run_goes_on():
+    seen = 0
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        nonlocal seen
+        seen += 1
+        resp = await open_stream(request)
+        await resp.write(text("a"))
+        if seen == 2:  # the second request's server stops mid-stream
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                pass
+            return resp
+        await resp.write(text("b") + usage(2, 4) + DONE)
+        return resp
+
+    async def main() -> tuple[LoadResult, float]:
+        async with serve(handler) as base:
+            t0 = now()
+            r = await run_load(base, "m", wl(concurrency=2, requests=6, stall_timeout=0.3))
+            return r, now() - t0
+
+    res, wall = asyncio.run(main())
+    assert [s.error for s in res.samples if not s.ok] == ["stalled: no data for 0.3 s"]
+    assert len(res.samples) == 6 and wall < 2.0
+
+
+# --- exact prompt lengths from the server's own tokenizer (item 7) ---------
+
+
+def _counting(tmp_path, **kw: Any):
+    from tests.load._sse_server import CountingServer, bpe_tokenizer
+
+    return CountingServer(bpe_tokenizer(tmp_path / "tok"), **kw)
+
+
+def _run_counting(srv, wl_: Workload, tokenizer: Any = "server") -> LoadResult:
+    from qtune.load import ServerTokenizer
+
+    async def main() -> LoadResult:
+        async with serve(srv.completions, srv.routes()) as base:
+            tok = tokenizer
+            if tokenizer == "server":
+                tok, why = await asyncio.to_thread(ServerTokenizer.connect, base, "m")
+                assert tok is not None, why
+            return await run_load(base, "m", wl_, tokenizer=tok)
+
+    return asyncio.run(main())
+
+
+def test_server_tokenize_gives_exact_lengths_and_no_call_in_the_phase(tmp_path):
+    srv = _counting(tmp_path, bos=1)
+    res = _run_counting(srv, wl(input_len=40, output_len=2, concurrency=2, requests=12,
+                                warmup_requests=2))
+    # 40 tokens in the server's own count, plus its BOS, every request.
+    assert srv.counts == [41] * 14
+    assert all(s.requested_prompt_tokens == 40 for s in res.samples)
+    assert "length_mismatch" not in res.checks
+    assert res.checks["prompt_length"]["server_mean"] == 41
+
+
+def test_word_prompts_are_caught_by_the_length_check(tmp_path):
+    """No tokenizer: N words are many more tokens in a BPE vocabulary (the CPU
+    target counted 678 for --input-len 200); the run says so."""
+    srv = _counting(tmp_path, bos=0)
+    res = _run_counting(srv, wl(input_len=40, output_len=2, concurrency=2, requests=6),
+                        tokenizer=None)
+    assert min(srv.counts) > 44
+    assert res.checks["length_mismatch"] > 0.1
+
+
+def test_duration_phase_builds_its_prompts_before_it_starts(tmp_path):
+    """With the server's tokenizer a prompt costs /tokenize round trips: a
+    time-bound rate phase builds all it will send first."""
+    srv = _counting(tmp_path)
+    calls: list[int] = []
+
+    from qtune.load import ServerTokenizer
+
+    async def main() -> LoadResult:
+        async with serve(srv.completions, srv.routes()) as base:
+            tok, _ = await asyncio.to_thread(ServerTokenizer.connect, base, "m")
+            assert tok is not None
+
+            async def spy_completions(request: web.Request) -> web.StreamResponse:
+                calls.append(srv.tokenize_calls)
+                return await srv.completions(request)
+
+            # Same tokenizer, a server that also notes /tokenize calls seen
+            # at each completion.
+            async with serve(spy_completions, srv.routes()) as base2:
+                tok.base = base2
+                return await run_load(base2, "m", wl(input_len=8, rate=40.0,
+                                                     requests=None, duration=0.5),
+                                      tokenizer=tok)
+
+    res = asyncio.run(main())
+    assert len(res.samples) >= 5
+    assert len(set(calls)) == 1  # no /tokenize between the first and last send

@@ -122,3 +122,111 @@ def test_count_bound_poisson_offers_exactly_the_rate():
         xs = [gap() for _ in range(200)]
         assert sum(xs) == pytest.approx(50.0)  # 200 requests / 4 req/s
         assert statistics.pstdev(xs) > 0.1  # still random gaps
+
+
+# --- defaults and refusals (issue 13 item 6, issue 14) ----------------------
+
+
+def test_a_duration_alone_has_no_request_bound():
+    """`qtune bench --duration 5` stopped after Workload's default 100
+    requests in a fraction of a second."""
+    assert Workload(concurrency=1, duration=5).requests is None
+    assert Workload(concurrency=1).requests == 200  # no bound given: a count
+    assert Workload(concurrency=1, duration=5, requests=50).requests == 50
+
+
+def test_cli_workload_with_duration_only_is_unbounded_in_count():
+    from qtune.cli import _workload
+
+    opts = {"workload": None, "input_len": None, "output_len": None, "rate": None,
+            "concurrency": None, "requests": None, "duration": 5.0, "warmup": None,
+            "seed": None, "arrival": None, "burstiness": None, "dataset": None,
+            "prefix_count": None, "prefix_len": None, "endpoint": None,
+            "request_timeout": None, "stall_timeout": None}
+    wl = _workload(opts)
+    assert wl.requests is None and wl.duration == 5.0
+    assert wl.request_timeout == 600.0 and wl.stall_timeout == 60.0
+
+
+@pytest.mark.parametrize(
+    ("kw", "flag"),
+    [
+        ({"rate": float("nan")}, "--rate"),
+        ({"rate": float("inf")}, "--rate"),
+        ({"rate": 1e-300}, "--rate"),
+        ({"rate": "fast"}, "--rate"),
+        ({"rate": True}, "--rate"),
+        ({"rate": 4, "burstiness": float("nan")}, "--burstiness"),
+        ({"rate": 4, "burstiness": float("inf")}, "--burstiness"),
+        ({"rate": 4, "burstiness": 1e-9}, "--burstiness"),
+        ({"duration": float("nan")}, "--duration"),
+        ({"duration": float("inf")}, "--duration"),
+        ({"requests": 1.5}, "--requests"),
+        ({"requests": True}, "--requests"),
+        ({"requests": "10"}, "--requests"),
+        ({"concurrency": 2.5}, "--concurrency"),
+        ({"warmup_requests": None}, "--warmup"),
+        ({"request_timeout": float("nan")}, "--request-timeout"),
+        ({"stall_timeout": 0}, "--stall-timeout"),
+        ({"stall_timeout": -1}, "--stall-timeout"),
+    ],
+)
+def test_workload_refuses_values_up_front(kw, flag):
+    with pytest.raises(InputError) as e:
+        Workload(**kw)
+    assert e.value.message.startswith(flag) and e.value.hint
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "flag"),
+    [("rate: fast\n", "--rate"), ("requests: 1.5\n", "--requests"),
+     ("requests: true\n", "--requests"), ("rate: .nan\n", "--rate"),
+     ("burstiness: .inf\nrate: 2\n", "--burstiness")],
+)
+def test_workload_file_values_are_one_clear_error(tmp_path, yaml_text, flag):
+    f = tmp_path / "w.yaml"
+    f.write_text(yaml_text)
+    with pytest.raises(InputError) as e:
+        Workload(**load_workload_file(f))
+    assert e.value.message.startswith(flag) and e.value.hint
+
+
+@pytest.mark.parametrize(
+    ("content", "where"),
+    [(b"[1, 2, 3]", "item 0"), (b'[{"conversations": "x"}]', "item 0"),
+     (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "not UTF-8"),
+     (b'{"prompt": "x", "output_tokens": 1.5}\n', "line 1"),
+     (b'{"prompt": "x", "output_tokens": true}\n', "line 1")],
+    ids=["list-of-ints", "conversations-not-list", "binary", "fraction", "bool"],
+)
+def test_bad_dataset_is_refused_when_the_workload_is_built(tmp_path, content, where):
+    """Before any server starts: the Workload itself reads the file."""
+    f = tmp_path / "d.json"
+    f.write_bytes(content)
+    with pytest.raises(InputError) as e:
+        Workload(dataset=str(f))
+    assert where in e.value.message and e.value.hint
+
+
+def test_dataset_is_parsed_once_per_file_version(tmp_path):
+    import dataclasses
+
+    from qtune.load import workload as wmod
+
+    f = tmp_path / "d.jsonl"
+    f.write_text(json.dumps({"prompt": "a b c d", "output_tokens": 4}) + "\n")
+    wmod._parse_dataset.cache_clear()
+    wl = Workload(dataset=str(f))
+    for seed in range(5):
+        dataclasses.replace(wl, seed=seed)
+    assert wmod._parse_dataset.cache_info().misses == 1
+    f.write_text("not json\n")  # a new version of the file is read again
+    with pytest.raises(InputError):
+        dataclasses.replace(wl, seed=9)
+
+
+def test_timeouts_at_defaults_stay_out_of_the_saved_workload():
+    """A study saved before the timeouts existed compares workload dicts."""
+    assert "stall_timeout" not in Workload(rate=2).to_dict()
+    d = Workload(rate=2, stall_timeout=5).to_dict()
+    assert d["stall_timeout"] == 5 and Workload(**d).stall_timeout == 5
