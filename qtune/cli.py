@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from qtune import __version__
-from qtune.errors import QtuneError, redact
+from qtune.errors import QtuneError, mask_url, redact
 
 app = typer.Typer(
     add_completion=False,
@@ -254,7 +254,7 @@ def search(
     if json_out:
         _print_json({
             "study": res.study_name,
-            "storage": res.storage,
+            "storage": mask_url(res.storage),
             "profile": str(res.profile_path) if res.profile_path else None,
             "improvement": res.improvement,
             "memory_estimate": res.memory_estimate,

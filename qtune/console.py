@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from qtune.errors import QtuneError, redact
+from qtune.errors import QtuneError, mask_url, redact
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -159,7 +159,7 @@ class SearchReporter:
         err.print("  space    " + ", ".join(f"{k} {v}" for k, v in info["space"].items()))
         if info["fixed"]:
             err.print(f"  fixed    {info['fixed']}")
-        err.print(f"  storage  {info['storage']}")
+        err.print(f"  storage  {mask_url(info['storage'])}")
 
     def trial_phase(self, number: int, phase: str, detail: str) -> None:
         if self.live:

@@ -67,6 +67,10 @@ def trials_frame(study: optuna.Study) -> Any:
         row["out_tok_per_s"] = s.get("output_token_throughput")
         row["failed"] = s.get("failed")
         rows.append(row)
+    if not rows:  # a study with no trial yet: the columns, no rows
+        return pd.DataFrame(columns=["trial", "baseline", "status", "reason", "value",
+                                     "feasible", "startup_s", "measure_s", "detail",
+                                     "req_per_s", "out_tok_per_s", "failed"])
     return pd.DataFrame(rows)
 
 

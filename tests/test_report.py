@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import os
+
 import optuna
 import pytest
 from optuna.distributions import IntDistribution
 
-from qtune.errors import StudyError
+from qtune.errors import InputError, StudyError
 from qtune.report import report
 from qtune.search import open_storage
 
@@ -54,3 +56,55 @@ def test_report_unknown_study_lists_known(tmp_path, monkeypatch):
     with pytest.raises(StudyError) as e:
         report("nope", None)
     assert "s" in e.value.hint
+
+
+def test_report_sqlite_is_read_only(tmp_path, monkeypatch):
+    """An existing database is read, never written; a missing one (or its
+    folder) is an error, not a new empty database."""
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "s.db"
+    study = optuna.create_study(study_name="s", storage=open_storage(f"sqlite:///{db}"))
+    study.set_user_attr("objective", "e2e_p99")
+    before = (db.stat().st_mtime_ns, db.stat().st_size)
+    res = report("s", f"sqlite:///{db}")
+    assert res["study"] == "s" and (db.stat().st_mtime_ns, db.stat().st_size) == before
+    with pytest.raises(StudyError, match="no storage file"):
+        report("s", f"sqlite:///{tmp_path / 'other.db'}")
+    with pytest.raises(StudyError, match="does not exist"):
+        report("s", f"sqlite:///{tmp_path / 'new' / 'x.db'}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.db"]
+
+
+def test_report_checks_every_target_first(tmp_path, monkeypatch):
+    _study(tmp_path, monkeypatch)
+    (tmp_path / "dir.html").mkdir()
+    with pytest.raises(InputError, match="folder"):
+        report("s", None, csv=tmp_path / "t.csv", html_path=tmp_path / "dir.html")
+    assert not (tmp_path / "t.csv").exists()  # nothing written before the refusal
+    ro = tmp_path / "ro.csv"
+    ro.write_text("old\n")
+    ro.chmod(0o444)
+    with pytest.raises(InputError, match="read-only"):
+        report("s", None, csv=ro)
+    report("s", None, csv=ro, force=True)
+    assert ro.read_text().startswith("trial,") and not ro.stat().st_mode & 0o222
+
+
+def test_torn_journal_refused_with_a_repair_that_works(tmp_path):
+    from qtune.search import check_journal
+
+    path = tmp_path / "s.log"
+    optuna.create_study(study_name="s", storage=open_storage(f"journal://{path}")).ask()
+    whole = path.read_bytes()
+    with open(path, "ab") as f:
+        f.write(b'{"op_code": 4, "wor')
+    with pytest.raises(StudyError, match="partial record") as e:
+        check_journal(path)
+    assert path.read_bytes().endswith(b'"wor')  # refused, not touched
+    size = int(e.value.hint.split("truncate -s ")[1].split()[0])
+    assert size == len(whole)
+    os.truncate(path, size)
+    check_journal(path)
+    assert len(optuna.load_study(study_name="s",
+                                 storage=open_storage(f"journal://{path}")).trials) == 1
+

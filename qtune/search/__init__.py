@@ -1401,7 +1401,8 @@ def build_profile(
         slo=[str(s) for s in cfg.slo],
         host=prep.host.fingerprint(),
         placement=placement(prep.host, gpus_used(prep.engine, best.params)),
-        study=StudyRef(storage=prep.storage_url, name=prep.study_name,
+        # A profile is passed around: never the storage's password.
+        study=StudyRef(storage=mask_url(prep.storage_url), name=prep.study_name,
                        trial=best.number, trials_run=n_trials,
                        baseline_trial=baseline.number if baseline else None),
         notes=notes,

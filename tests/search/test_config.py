@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from qtune.engines.base import Param
@@ -149,3 +151,96 @@ def test_pareto_objective():
     assert pareto_latency("e2e_p99") is None
     with pytest.raises(InputError, match="not a latency"):
         check_objective("pareto:throughput")
+
+
+@pytest.mark.parametrize("name", ["s", "qwen3-4b.v2_x", "a" * 120])
+def test_study_name_accepts(name):
+    from qtune.search.config import check_study_name
+
+    assert check_study_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", ".x", "a..b", "a/b", "../x", "/abs",
+                                  "a\\b", "a b", "a\nb", "a" * 121, "é"])
+def test_study_name_refuses(name):
+    from qtune.errors import StudyError
+    from qtune.search.config import check_study_name
+
+    with pytest.raises(StudyError, match="not a study name") as e:
+        check_study_name(name)
+    assert "\n" not in e.value.message
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("max_num_seqs: {low: 0, high: 8, log: true}\n", "log range needs low > 0"),
+    ("max_num_seqs: {low: -1, high: 8, log: true}\n", "log range"),
+    ("max_num_seqs: {low: .inf, high: 8}\n", "finite"),
+    ("max_num_seqs: {low: 1, high: 8, step: -1}\n", "step must be positive"),
+    ("max_num_seqs: {low: 1, high: 8, log: yes please}\n", "log must be"),
+    ("max_num_seqs: {low: 1, high: 8, log: true, step: 2}\n", "log or step"),
+    ("max_num_seqs: {low: 9, high: 8}\n", "low 9 > high 8"),
+    ("max_num_seqs: {low: [1], high: 8}\n", "finite number"),
+    ("max_num_seqs: []\n", "empty list"),
+    ("max_num_seqs: [1, [2]]\n", "a value must be"),
+    ("max_num_seqs:\n", "a value must be"),
+    ("1: 8\n", "names are strings"),
+])
+def test_space_file_checked_on_load(tmp_path, text, needle):
+    """Without the engine: a bad space file fails before any probe."""
+    (tmp_path / "s.yaml").write_text(text)
+    with pytest.raises(InputError, match=re.escape(needle)):
+        load_space_file(tmp_path / "s.yaml")
+
+
+def test_space_override_log_range_over_engine_default(cpu_ctx):
+    """A log range from the engine (max_num_seqs is log) cannot get low 0."""
+    from qtune.engines import get_engine
+
+    params = get_engine("vllm").space(cpu_ctx)
+    name = next(p.name for p in params if p.log)
+    with pytest.raises(InputError, match="log range"):
+        apply_overrides(params, SpaceOverride({name: {"low": 0}}, "s.yaml"))
+
+
+@pytest.mark.parametrize("text", ["nan,2", "2,inf", "-inf,2"])
+def test_levels_must_be_finite(text):
+    from qtune.search.config import parse_levels
+
+    with pytest.raises(InputError, match="finite"):
+        parse_levels(text)
+
+
+@pytest.mark.parametrize(("url", "needle"), [
+    ("http://h:80x", "bad port"), ("http://h:99999", "bad port"), ("http://h:0", "bad port"),
+    ("ftp://h/", "http(s)"), ("h:8000", "http(s)"), ("http://", "http(s)"),
+    ("http://[::1", "cannot parse"), ("http://h\n:80/", "control"),
+])
+def test_check_url(url, needle):
+    from qtune.search.config import check_url
+
+    with pytest.raises(InputError, match=re.escape(needle)):
+        check_url(url)
+    with pytest.raises(InputError) as e:
+        check_url(url.replace("//", "//u:pw123456@", 1))
+    assert "pw123456" not in e.value.message
+
+
+def test_check_url_accepts():
+    from qtune.search.config import check_url
+
+    for u in ("http://127.0.0.1:8000", "https://h/v1", "http://u:p@h:1", "http://[::1]:8"):
+        assert check_url(u) == u
+
+
+def test_check_config_ranges():
+    from qtune.search.config import TuneConfig, check_config
+
+    for bad, needle in [({"seed": -1}, "--seed"), ({"seed": 2**32}, "--seed"),
+                        ({"startup_timeout": float("nan")}, "--startup-timeout"),
+                        ({"startup_timeout": 0}, "--startup-timeout"),
+                        ({"time_budget": float("inf")}, "--time-budget"),
+                        ({"max_model_len": 0}, "--max-model-len"),
+                        ({"pick": -1}, "--pick")]:
+        with pytest.raises(InputError, match=needle):
+            check_config(TuneConfig(**bad))
+    check_config(TuneConfig(seed=2**32 - 1, time_budget=60.0))
