@@ -92,3 +92,40 @@ def test_find_capacity_remeasured(vllm_url):
     assert cap["found"], cap
     assert cap["at_value"]["ok"] and cap["at_value"]["load"] == cap["value"]
     assert cap["at_value"]["ttft_p99"] <= 400
+
+
+def test_model_folder_without_tokenizer_flag_sends_exact_lengths(tmp_path):
+    """`qtune bench --model <folder> --input-len 200` with no --tokenizer sent
+    678 prompt tokens a request on the CPU target.  Here vLLM serves the model
+    under its folder's path (as `vllm serve /path` does); qtune must find the
+    served model's tokenizer (the folder's own, else the server's /tokenize)
+    and the server must count 200 tokens a request."""
+    import dataclasses
+
+    from qtune.engines.base import SpaceContext
+    from qtune.engines.vllm import VLLM
+    from qtune.host import probe
+    from qtune.model import resolve_model
+    from qtune.server import Server, free_port
+
+    model = resolve_model(None)
+    host = probe()
+    ctx = SpaceContext(host, model, host.engines.get("vllm"))
+    spec = VLLM().launch_spec({"VLLM_CPU_KVCACHE_SPACE": 2, "max_num_seqs": 16},
+                              ctx, host="127.0.0.1", port=free_port())
+    i = spec.argv.index("--served-model-name")
+    argv = spec.argv[:i] + spec.argv[i + 2:]  # served as its path
+    spec = dataclasses.replace(spec, argv=argv, served_model=str(model.path))
+    with Server(spec, tmp_path / "server.log") as s:
+        s.wait_ready(600, classify=VLLM().classify)
+        d = bench(spec.base_url, "--model", str(model.path), "--input-len", "200",
+                  "--output-len", "8", "--requests", "16", "--concurrency", "4",
+                  "--warmup", "2", "--no-server-metrics")
+    assert d["completed"] == 16 and d["failed"] == 0
+    assert d["tokenizer"] is not None and "tokenizer_warning" not in d
+    n = d["completed"]
+    # The server's own usage: 200 tokens a request (one more at most: a BOS).
+    assert 200 * n <= d["input_tokens"] <= 201 * n, d["prompt_length"]
+    assert d["prompt_length"]["requests"] == n
+    assert 200 <= d["prompt_length"]["server_mean"] <= 201
+    assert "length_mismatch" not in d
