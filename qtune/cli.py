@@ -100,8 +100,17 @@ InputLen = Annotated[str | None, typer.Option(
 OutputLen = Annotated[str | None, typer.Option(
     help="Output tokens, same forms as --input-len [default 64].")]
 Requests = Annotated[int | None, typer.Option(
-    help="Measured requests per run [default 200 unless --duration].")]
-Duration = Annotated[float | None, typer.Option(help="Measured seconds per run.")]
+    help="Measured requests per run [default 200 unless --duration; with "
+    "--duration, no count bound unless given].")]
+Duration = Annotated[float | None, typer.Option(
+    help="Measured seconds per run (runs the whole time unless --requests ends "
+    "it first).")]
+RequestTimeout = Annotated[float | None, typer.Option(
+    help="Seconds one request may take in all; past it, a failed request "
+    "('timeout') [default 600].")]
+StallTimeout = Annotated[float | None, typer.Option(
+    help="Seconds a started stream may send nothing; past it, a failed request "
+    "('stalled') [default 60].")]
 Warmup = Annotated[int | None, typer.Option(
     help="Warm-up requests, not counted [default 16].")]
 Seed = Annotated[int | None, typer.Option(help="Seed for prompts and arrivals.")]
@@ -126,7 +135,8 @@ _WORKLOAD_FLAGS = {"input_len": "input_len", "output_len": "output_len", "rate":
                    "duration": "duration", "warmup": "warmup_requests", "seed": "seed",
                    "arrival": "arrival", "burstiness": "burstiness", "dataset": "dataset",
                    "prefix_count": "prefix_count", "prefix_len": "prefix_len",
-                   "endpoint": "endpoint"}
+                   "endpoint": "endpoint", "request_timeout": "request_timeout",
+                   "stall_timeout": "stall_timeout"}
 
 
 def _workload(options: dict[str, Any]) -> Any:
@@ -140,9 +150,6 @@ def _workload(options: dict[str, Any]) -> Any:
     data.update({k: v for k, v in flags.items() if v is not None})
     if data.get("rate") is None and data.get("concurrency") is None:
         data["concurrency"] = 4
-    if data.get("requests") is None and data.get("duration") is None:
-        # A p99 over fewer requests is mostly its one or two slowest.
-        data["requests"] = 200
     if data.get("warmup_requests") is None:
         data["warmup_requests"] = 16
     return Workload(**data)
@@ -174,6 +181,8 @@ def search(
     prefix_count: PrefixCount = None,
     prefix_len: PrefixLen = None,
     endpoint: Endpoint = None,
+    request_timeout: RequestTimeout = None,
+    stall_timeout: StallTimeout = None,
     workload: WorkloadFile = None,
     objective: Annotated[
         str, typer.Option(help="e2e_p99 | ttft_p99 | tpot_p99 | throughput | "
@@ -293,22 +302,34 @@ def bench(
     prefix_count: PrefixCount = None,
     prefix_len: PrefixLen = None,
     endpoint: Endpoint = None,
+    request_timeout: RequestTimeout = None,
+    stall_timeout: StallTimeout = None,
     workload: WorkloadFile = None,
     slo: SloOpt = None,
     repeat: Annotated[int, typer.Option(min=1, help="Measurements (interleaved "
                                         "across URLs); medians with 95% CI.")] = 1,
     find_capacity: Annotated[bool, typer.Option(
-        help="Find the highest rate (or concurrency) that meets --slo.")] = False,
+        help="Find the highest rate (or concurrency) that meets --slo and that "
+        "the server keeps up with.")] = False,
+    capacity_window: Annotated[float, typer.Option(
+        min=1.0, max=3600.0, help="Shortest arrival window of a capacity probe, in "
+        "seconds (each also runs at least 10 service times).")] = 20.0,
     no_metrics: Annotated[bool, typer.Option(
-        "--no-server-metrics", help="Do not scrape the server's /metrics.")] = False,
+        "--no-server-metrics", help="Do not read the server's /metrics.")] = False,
+    gauge_interval: Annotated[float | None, typer.Option(
+        min=0.0, max=3600.0, help="Read the server's gauges (running, waiting, KV use) "
+        "every S seconds during the run, over a connection of their own; 0: counters "
+        "only, before and after the run.  Default: 5 on a host with 8 or more CPUs, "
+        "else 0 (on 2 cores the reads slow the server measured).")] = None,
     csv: Annotated[Path | None, typer.Option(
         help="Write one row per run (or per capacity step) here.")] = None,
     force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
-    """Measure an OpenAI-compatible endpoint under a workload (no launch)."""
+    """Measure an OpenAI-compatible endpoint under a workload (no launch).
+    Exits 3 when every request of a run failed (the reasons are printed)."""
     from qtune import console
-    from qtune.bench import BenchConfig, run_bench
+    from qtune.bench import BenchConfig, default_gauge_interval, run_bench
     from qtune.search.config import parse_slo
 
     if len(url) > 2:
@@ -327,7 +348,9 @@ def bench(
     wl = _workload(locals())
     cfg = BenchConfig(urls=url, workload=wl, model=model, tokenizer=tokenizer,
                       slo=parse_slo(slo), repeat=repeat, find_capacity=find_capacity,
-                      scrape_metrics=not no_metrics)
+                      scrape_metrics=not no_metrics, capacity_window=capacity_window,
+                      gauge_interval=default_gauge_interval() if gauge_interval is None
+                      else gauge_interval or None)
     with console.Status() as status:
         res = run_bench(cfg, progress=status.update)
     if csv is not None:
@@ -338,6 +361,15 @@ def bench(
         _print_json(res)
     else:
         console.render_bench(res)
+    if _nothing_served(res):
+        # Measured, but nothing to report: as search without a best trial.
+        raise typer.Exit(3)
+
+
+def _nothing_served(res: dict[str, Any]) -> bool:
+    """A run (or any repeat) in which every request failed."""
+    runs = [r for rs in res.get("runs", []) for r in rs] or [res]
+    return any(r.get("completed") == 0 and r.get("failed", 0) > 0 for r in runs)
 
 
 @app.command()

@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from qtune.errors import QtuneError, mask_url, redact
+from qtune.errors import QtuneError, mask_url, printable, redact
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -190,6 +190,8 @@ class SearchReporter:
             if rec.values:  # pareto: both objectives
                 lat = self.objective.partition(":")[2] or "e2e_p99"
                 head = f"req/s={_fmt(rec.values[0])} {lat}={_fmt(rec.values[1])}"
+            if s.get("contaminated"):
+                flag += f" (not used: {s['contaminated']})"
             line = (f"{head}{flag}  "
                     f"ttft p50/p99 {_fmt(ttft.get('p50'))}/{_fmt(ttft.get('p99'))} ms  "
                     f"e2e p99 {_fmt(e2e.get('p99'))} ms  "
@@ -318,26 +320,91 @@ def _summary_table(title: str, cols: list[tuple[str, dict[str, Any]]]) -> Table:
     return t
 
 
+def failure_reasons(errors: dict[str, int]) -> str:
+    """``{"HTTP 503: busy": 3, "timeout: request over 600 s": 1}`` →
+    ``"3 HTTP 503, 1 timeout"``: counted by reason (the text before the first
+    colon, as qtune.load.client words its errors), most frequent first."""
+    by: dict[str, int] = {}
+    for msg, n in errors.items():
+        by[msg.split(":", 1)[0]] = by.get(msg.split(":", 1)[0], 0) + n
+    return ", ".join(f"{n} {k}" for k, n in sorted(by.items(), key=lambda kv: -kv[1]))
+
+
+def _bench_runs(res: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    if "runs" in res:
+        return [(f"{res['urls'][k]} run {i + 1}", r)
+                for k, rs in enumerate(res["runs"]) for i, r in enumerate(rs)]
+    if "capacity" in res:  # the steps carry what find_capacity copies into them
+        return [(f"capacity step at {st['load']:g}", st) for st in res["capacity"]["steps"]]
+    return [("", res)] if "completed" in res else []
+
+
+def _bench_warnings(res: dict[str, Any]) -> None:
+    """What makes a bench's figures not the ones asked for, on every output:
+    failures with their reasons, prompt lengths the server counted otherwise,
+    usage counts not believed, no tokenizer."""
+    if res.get("tokenizer_warning"):
+        out.print(Text("warning: " + printable(res["tokenizer_warning"]), style="yellow"))
+    for where, r in _bench_runs(res):
+        at = f" ({printable(where)})" if where else ""
+        failed, total = r.get("failed", 0), r.get("completed", 0) + r.get("failed", 0)
+        if failed:
+            style = "red" if failed == total or failed > 0.05 * total else "yellow"
+            out.print(Text(f"{failed} of {total} failed{at}: "
+                           + printable(redact(failure_reasons(r.get("errors") or {}))),
+                           style=style))
+            for msg in list(r.get("errors") or {})[:3]:
+                out.print(Text(f"  e.g. {printable(redact(msg))}", style=style))
+        if (mm := r.get("length_mismatch")) is not None:
+            pl = r["prompt_length"]
+            out.print(Text(
+                f"warning{at}: the server counted {pl['server_mean']:.0f} prompt tokens "
+                f"a request where {pl['requested_mean']:.0f} were asked for ({mm:+.0%}): "
+                "these figures are for another workload; pass --tokenizer DIR "
+                "(the served model's folder)", style="bold red"))
+        if r.get("contaminated"):
+            out.print(Text(f"warning{at}: {r['contaminated']}; not used for a decision",
+                           style="bold red"))
+        if ud := r.get("usage_distrusted"):
+            out.print(Text(
+                f"warning{at}: the server's usage counts were not believed for "
+                f"{ud['requests']} requests ({printable(ud['example'])}); token "
+                "throughput counts text chunks for those", style="yellow"))
+
+
 def render_bench(res: dict[str, Any]) -> None:
     wl = res["workload"]
     out.print(f"{', '.join(res['urls'])}  model {', '.join(res['models'])}  "
               f"in {wl['input_len']} out {wl['output_len']}"
               + (f"  SLO {', '.join(res['slo'])}" if res["slo"] else ""))
+    _bench_warnings(res)
     if "capacity" in res:
         c = res["capacity"]
         t = Table(title="capacity search")
         for col in ("load", "ok", "why", "ttft_p99", "tpot_p99", "e2e_p99", "throughput"):
             t.add_column(col)
+        t.add_column("requests")
+        t.add_column("prefix hits")
         for st in c["steps"]:
+            hit = st.get("prefix_cache_hit_rate")
             t.add_row(f"{st['load']:g}", "yes" if st["ok"] else "no", st["why"],
                       *[_fmt(st.get(k)) for k in ("ttft_p99", "tpot_p99", "e2e_p99",
-                                                   "throughput")])
+                                                   "throughput")],
+                      str(st.get("requests", "-")), "-" if hit is None else f"{hit:.1%}")
         out.print(t)
         if c.get("found"):
             hi = c["bracket"][1]
             out.print(f"capacity under SLO: {c['value']:.3g} {c.get('unit', '')} "
                       f"(bracket {c['bracket'][0]:.3g} .. "
-                      f"{'open' if hi is None else format(hi, '.3g')}; re-measured OK)")
+                      f"{'open' if hi is None else format(hi, '.3g')})")
+            if c.get("decided"):
+                out.print(f"  decided: {c['decided']}")
+            if c.get("window_s"):
+                out.print(f"  each probe ran at least {c['window_s']:.0f} s of arrivals "
+                          f"(10 service times of {_fmt((c.get('service_s') or 0) * 1000)} ms,"
+                          " at least the --capacity-window); a load holds when its SLO is "
+                          "met, the server serves the offered rate and its queue does not "
+                          "grow")
         else:
             out.print(Text(f"no capacity found: {c.get('reason', 'last re-measure failed')}",
                            style="red"))
@@ -374,10 +441,13 @@ def render_bench(res: dict[str, Any]) -> None:
     if res.get("server"):
         sv = res["server"]
         hit = sv["prefix_cache_hit_rate"]
+        kv = sv.get("kv_cache_usage_peak")
         out.print(f"server: {sv['preemptions']} preemptions, KV cache peak "
-                  f"{_fmt((sv['kv_cache_usage_peak'] or 0) * 100)}%, waiting peak "
-                  f"{_fmt(sv['waiting_peak'])}, prefix-cache hit rate "
-                  + ("-" if hit is None else f"{hit:.1%}"))
+                  + ("-" if kv is None else f"{_fmt(kv * 100)}%")
+                  + f", waiting peak {_fmt(sv.get('waiting_peak'))}, prefix-cache hit rate "
+                  + ("-" if hit is None else f"{hit:.1%}")
+                  + (" (cache emptied before the run)" if res.get("cache_reset") else "")
+                  + f"; in flight at most {res.get('held_peak', '-')} (client count)")
         if uneven := _uneven_replicas(sv):
             out.print(uneven)
 
@@ -431,12 +501,25 @@ def render_verify(res: dict[str, Any]) -> None:
         if why:
             out.print(f"{side}: {len(why)} of {res['repeats']} starts failed "
                       f"({'; '.join(sorted(set(why)))}): its figures are from the rest")
-    g = res["metrics"].get(res["objective"], {}).get("gain")
+    if res.get("slo_met") is not None:
+        out.print("SLO " + ", ".join(res["slo"]) + ": met in " + ", ".join(
+            f"{n} of {len(res['startup_s'][side])} {side} runs"
+            for side, n in res["slo_met"].items()))
+    judged = res.get("judged_by", res["objective"])
+    g = res["metrics"].get(judged, {}).get("gain")
+    what = res["objective"] + (f" (judged by {judged}" + (
+        f" at {res['at_load']}" if res.get("at_load") else "") + ")"
+        if judged != res["objective"] else "")
     if g and g["ci95"]:
         verdict = ("confirmed" if g["ci95"][0] > 1 else
                    "not confirmed (interval includes 1)" if g["ci95"][1] >= 1 else
                    "REVERSED: the other side is better")
-        out.print(f"{res['objective']}: gain {g['ratio']:.2f}x, {verdict}")
+        out.print(f"{what}: gain {g['ratio']:.2f}x, {verdict}")
+    elif g:
+        out.print(f"{what}: gain {g['ratio']:.2f}x (no interval under 3 starts a side: "
+                  "--repeat 3 or more gives one)")
+    else:
+        out.print(Text(f"{what}: no verdict: neither side gave a value", style="red"))
 
 
 def render_report(res: dict[str, Any]) -> None:

@@ -8,7 +8,9 @@ window.  Failed requests are counted, never averaged in.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+import math
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -66,11 +68,26 @@ def metric_value(summary: dict[str, Any], name: str) -> float | None:
         return float(summary["request_throughput"])
     if name == "output_throughput":
         return float(summary["output_token_throughput"])
+    if name == "goodput":  # good requests/s under the run's SLO
+        g = summary.get("goodput")
+        return None if not g else float(g["request_goodput"])
     base, _, pct = name.rpartition("_")
     stats = summary.get(f"{base}_ms")
     if not stats or pct not in stats:
         return None
     return float(stats[pct])
+
+
+def run_metric(objective: str) -> str:
+    """The metric one run at a fixed load judges an objective by: itself;
+    for ``pareto[:LATENCY]`` its latency (throughput is reported beside
+    it); for ``capacity``, goodput at the capacity's load (a run at one load
+    cannot re-find the capacity, but it shows whether the load still holds)."""
+    if objective == "pareto" or objective.startswith("pareto:"):
+        return objective.partition(":")[2] or "e2e_p99"
+    if objective == "capacity":
+        return "goodput"
+    return objective
 
 
 # Per-request limits checkable on one request (vLLM's --goodput keys).
@@ -140,3 +157,63 @@ def percentile_exceeds_for_sure(
     above = sum(1 for v in done if v > threshold) + sum(
         1 for v in inflight_lower if v > threshold)
     return above >= total - k
+
+
+def in_flight_at_sends(samples: list[RequestSample]) -> list[tuple[float, int]]:
+    """(send time, requests in flight just after it) for every request, from
+    the client's own timestamps: the server holds these (running or
+    waiting), so no scrape of the server is needed to see its queue grow."""
+    ends = sorted(s.start + s.e2e if s.e2e is not None else math.inf for s in samples)
+    starts = sorted(s.start for s in samples)
+    out = []
+    for i, t in enumerate(starts):
+        out.append((t, i + 1 - bisect.bisect_right(ends, t)))
+    return out
+
+
+def keeps_up(samples: list[RequestSample], offered: float) -> dict[str, Any]:
+    """Did the server keep up with ``offered`` req/s over the arrival window?
+
+    Three figures, each an overload's signature (an overload of ε makes the
+    backlog grow by ε·rate·t, so it shows in all three over a long enough run):
+
+    - ``served_share``: completions per second over the last two thirds of the
+      arrival window (the first third fills the pipeline) against the offered
+      rate; an overloaded server completes at its own rate, not the offered.
+    - ``held_growth``: mean requests in flight at sends in the last third of
+      the window over the middle third; a queue that grows reads > 1.
+    - ``ttft_growth``: median TTFT of the requests sent in the last third
+      over the middle third.
+    """
+    ok = [s for s in samples if s.ok and s.e2e is not None]
+    if len(samples) < 9 or not ok:
+        return {"served_share": None, "held_growth": None, "ttft_growth": None,
+                "window_s": None}
+    sends = sorted(s.start for s in samples)
+    t0, t1 = sends[0], sends[-1]
+    w = t1 - t0
+    if w <= 0:
+        return {"served_share": None, "held_growth": None, "ttft_growth": None,
+                "window_s": w}
+    a, b = t0 + w / 3, t0 + 2 * w / 3
+    done = sum(1 for s in ok if a <= s.start + s.e2e <= t1)
+    held = in_flight_at_sends(samples)
+    mid = [n for t, n in held if a <= t < b]
+    last = [n for t, n in held if t >= b]
+    tt_mid = [s.ttft for s in ok if s.ttft is not None and a <= s.start < b]
+    tt_last = [s.ttft for s in ok if s.ttft is not None and s.start >= b]
+
+    def growth(x: list[float] | list[int], y: list[float] | list[int],
+               f: Callable[[Any], float]) -> float | None:
+        if not x or not y or f(x) <= 0:
+            return None
+        return float(f(y) / f(x))
+
+    return {
+        "window_s": w,
+        "served_share": done / (w * 2 / 3) / offered,
+        "held_growth": growth(mid, last, lambda v: float(np.mean(v))),
+        "held_mid": float(np.mean(mid)) if mid else None,
+        "held_last": float(np.mean(last)) if last else None,
+        "ttft_growth": growth(tt_mid, tt_last, lambda v: float(np.median(v))),
+    }

@@ -21,10 +21,10 @@ from qtune.engines.base import SpaceContext
 from qtune.errors import EngineError, ModelError, ProfileError, ServerError
 from qtune.host import probe
 from qtune.load.workload import Workload
-from qtune.metrics import metric_value
+from qtune.metrics import metric_value, run_metric
 from qtune.model import resolve_model
 from qtune.profile import Profile
-from qtune.search.config import OBJECTIVES
+from qtune.search.config import OBJECTIVES, SLO, parse_slo
 from qtune.server import Server, free_port
 
 
@@ -106,6 +106,7 @@ def measure_sides(
     startup_timeout: float = 600.0,
     log_dir: Path = Path("studies/verify"),
     on_run: Callable[[str], None] | None = None,
+    slo: list[SLO] | None = None,
 ) -> Measured:
     """Start each side anew per repeat and run the workload on it.
 
@@ -135,7 +136,7 @@ def measure_sides(
                     ready = server.wait_ready(startup_timeout, classify=engine.classify)
                     w = dataclasses.replace(wl, seed=wl.seed + r)
                     cfg = BenchConfig(urls=[spec.base_url], workload=w, model=served,
-                                      tokenizer=ctx.model.tokenizer_dir)
+                                      tokenizer=ctx.model.tokenizer_dir, slo=slo or [])
 
                     def tick(text: str, side: Side = side, r: int = r) -> None:
                         if progress:
@@ -192,15 +193,19 @@ def verify(
     else:
         note = None
         b = Side("other", against.argv, dict(against.env))
+    objective = profile.metrics.get("objective", {}).get("name", "e2e_p99")
+    slo = parse_slo(",".join(profile.slo)) if profile.slo else []
+    workload, at_load = _verify_load(profile, objective)
     t0 = time.monotonic()
     runs, starts, failed_starts = measure_sides(
-        [a, b], profile.engine.name, ctx, Workload(**profile.workload), repeat,
-        progress=progress, startup_timeout=startup_timeout, log_dir=log_dir, on_run=on_run)
+        [a, b], profile.engine.name, ctx, workload, repeat,
+        progress=progress, startup_timeout=startup_timeout, log_dir=log_dir, on_run=on_run,
+        slo=slo)
     for side in (a, b):
         if not runs[side.label]:  # nothing to compare: why it never started
             raise failed_starts[side.label][-1]
-    objective = profile.metrics.get("objective", {}).get("name", "e2e_p99")
-    metrics = [objective] + [m for m in KEY_METRICS if m != objective]
+    judged = run_metric(objective)
+    metrics = [judged] + [m for m in KEY_METRICS if m != judged]
     table: dict[str, Any] = {}
     for m in metrics:
         va = [v for s in runs[a.label] if (v := metric_value(s, m)) is not None]
@@ -217,10 +222,33 @@ def verify(
         row["gain"] = ratio
         table[m] = row
     failed = {k: sum(s["failed"] for s in v) for k, v in runs.items()}
+    # How many of each side's runs met every SLO the profile was tuned for.
+    slo_met = ({k: sum(1 for s in v if (s.get("goodput") or {}).get("slo_met")) for k, v
+                in runs.items()} if slo else None)
     return {"profile": profile.name, "against": b.label, "repeats": repeat,
-            "objective": objective, "metrics": table, "failed_requests": failed,
+            "objective": objective, "judged_by": judged, "at_load": at_load,
+            "slo": [str(x) for x in slo], "slo_met": slo_met,
+            "metrics": table, "failed_requests": failed,
             "failed_starts": {k: [e.cause for e in v] for k, v in failed_starts.items()},
             "startup_s": starts, "note": note, "wall_s": time.monotonic() - t0}
+
+
+def _verify_load(profile: Profile, objective: str) -> tuple[Workload, str | None]:
+    """The load both sides run: the profile's workload, or for a capacity
+    profile that workload at the capacity it measured (does it still hold
+    there, and what do the defaults do at that load?)."""
+    wl = Workload(**profile.workload)
+    if objective != "capacity":
+        return wl, None
+    cap = profile.metrics.get("objective", {}).get("best")
+    if not isinstance(cap, (int, float)) or not cap > 0:
+        raise ProfileError(f"profile {profile.name}: tuned for capacity but has no "
+                           "measured capacity (metrics.objective.best)",
+                           hint="re-run the search; a study whose every trial missed "
+                           "the SLO has no capacity to verify")
+    if wl.concurrency is not None:
+        return dataclasses.replace(wl, concurrency=int(cap)), f"concurrency {int(cap)}"
+    return dataclasses.replace(wl, rate=float(cap)), f"{float(cap):g} req/s"
 
 
 def _lower_is_better(metric: str) -> bool:

@@ -462,7 +462,12 @@ class VLLM:
             # torch.compile's Inductor cache defaults to $TMPDIR/torchinductor_
             # <user>; the runner's private TMPDIR would make every GPU start
             # compile from cold (215 s against 60-120 s with the cache).
-            host_env={"TORCHINDUCTOR_CACHE_DIR": _inductor_cache_dir()},
+            # The development endpoints give /reset_prefix_cache, which the
+            # load client calls between phases so a measured phase never
+            # finds what an earlier one cached.  Trial servers listen on
+            # 127.0.0.1 only, and this never reaches a profile or a unit.
+            host_env={"TORCHINDUCTOR_CACHE_DIR": _inductor_cache_dir(),
+                      "VLLM_SERVER_DEV_MODE": "1"},
         )
 
     def classify(self, log_text: str) -> Failure:
@@ -520,9 +525,10 @@ def to_flag(name: str, value: Any, info: dict[str, Any] | None = None) -> list[s
 
 
 def _in_flight(load: LoadView, base: Mapping[str, Any]) -> float | None:
-    """Requests the defaults had in flight: the server's own count if it has
-    ``/metrics``, else Little's law on the client's figures."""
-    peak = (base.get("server") or {}).get("running_peak")
+    """Requests the defaults had in flight: the server's own count if its
+    gauges were read during the run, else the client's own count of requests
+    in flight, else Little's law on the client's figures."""
+    peak = (base.get("server") or {}).get("running_peak") or base.get("held_peak")
     if peak:
         return float(peak)
     rate, e2e = load.rate, (base.get("e2e_ms") or {}).get("p50")

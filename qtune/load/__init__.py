@@ -12,25 +12,49 @@ measured window.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from qtune.load.client import RequestSample, build_body, send
-from qtune.load.workload import PromptFactory, Request, RequestSource, Workload
+from qtune.load.client import RequestSample, build_body, sample_checks, send
+from qtune.load.workload import (
+    PromptFactory,
+    Request,
+    RequestSource,
+    ServerTokenizer,
+    Workload,
+)
 
 __all__ = [
-    "LoadResult", "PromptFactory", "RequestSample", "Workload", "run_load",
+    "LoadResult", "PromptFactory", "RequestSample", "ServerTokenizer", "Workload",
+    "run_load",
 ]
 
 # Requests prepared ahead for a phase bounded only by time; more are built
 # (between sends) if a fast server drains them.
 _POOL = 256
+# At most this many requests are built ahead of a time-bound phase: at ~5 KB
+# a 1k-token prompt, 100 MB.
+_POOL_MAX = 20_000
+
+
+def _pool_size(wl: Workload, duration: float | None) -> int:
+    """Requests built before a phase bounded only by time: the whole phase at
+    the offered rate, plus a quarter for Poisson luck, so that no prompt is
+    built (a ``/tokenize`` round trip with a server's tokenizer) while
+    requests are in flight.  A closed loop's count cannot be known ahead:
+    ``_POOL``, topped up between sends if a fast server drains it."""
+    if wl.rate is not None and duration:
+        return min(_POOL_MAX, max(_POOL, math.ceil(wl.rate * duration * 1.25) + 32))
+    return _POOL
+
+
 # Seconds a pooled connection may stay idle and still be reused; below the
 # 5 s keep-alive timeout of uvicorn (vLLM, SGLang).
 KEEPALIVE_S = 2.0
@@ -45,6 +69,10 @@ class LoadResult:
     server: dict[str, Any] | None = None  # Prometheus view, when offered
     stopped: str | None = None  # why the measured phase ended early, if it did
     warmup_s: float = 0.0  # wall time of the warm-up phase
+    cache_reset: bool | None = None  # prefix cache emptied before the phase (None: not tried)
+    # Usage not believed, prompt lengths not the ones asked for
+    # (``client.sample_checks``); empty when all is well.
+    checks: dict[str, Any] = field(default_factory=dict)
 
 
 ProgressFn = Callable[[str, int, int | None], None]
@@ -93,7 +121,10 @@ async def _phase(
     max_inflight: int | None,
     watch: Watcher | None = None,
 ) -> tuple[list[RequestSample], float, str | None]:
-    ready: list[Request] = source.take(count if count is not None else _POOL)
+    # In a thread: with the server's tokenizer each prompt is a /tokenize
+    # round trip, and the loop stays free for whatever else runs on it.
+    ready: list[Request] = await asyncio.to_thread(
+        source.take, count if count is not None else _pool_size(wl, duration))
     samples: list[RequestSample] = []
     inflight: dict[int, RequestSample] = {}  # by id(): samples are not hashable
     tasks: list[asyncio.Task[None]] = []
@@ -113,10 +144,12 @@ async def _phase(
 
     async def one(req: Request) -> None:
         body = build_body(wl.endpoint, model, req.prompt, req.max_tokens)
-        s = RequestSample(start=time.perf_counter())
+        s = RequestSample(start=time.perf_counter(),
+                          requested_prompt_tokens=req.requested_tokens)
         inflight[id(s)] = s
         try:
-            await send(session, url, body, prompt_tokens=req.prompt_tokens, sample=s)
+            await send(session, url, body, prompt_tokens=req.prompt_tokens, sample=s,
+                       timeout=wl.request_timeout, stall_timeout=wl.stall_timeout)
         finally:
             inflight.pop(id(s), None)
         samples.append(s)
@@ -186,15 +219,21 @@ async def run_load(
     model: str,
     wl: Workload,
     *,
-    tokenizer: Path | None = None,
+    tokenizer: Path | ServerTokenizer | None = None,
     progress: ProgressFn | None = None,
     max_inflight: int | None = None,
     scrape_metrics: bool = False,
     watch: Watcher | None = None,
+    gauge_interval: float | None = None,
+    reset_cache: bool = False,
 ) -> LoadResult:
     """Warm up, then measure.  ``max_inflight`` (rate mode) stops the
     measured phase early once that many requests wait at once; ``watch``
-    may stop it for any reason of its own (pruning)."""
+    may stop it for any reason of its own (pruning).  ``scrape_metrics``
+    reads the server's counters before and after the measured phase (and its
+    gauges every ``gauge_interval`` s during it, when given);
+    ``reset_cache`` empties the server's prefix cache before the measured
+    phase where the server offers that (``LoadResult.cache_reset``)."""
     path = "/v1/chat/completions" if wl.endpoint == "chat" else "/v1/completions"
     url = base_url.rstrip("/") + path
     # Reused connections must not outlive the server's idle timeout: aiohttp
@@ -207,23 +246,47 @@ async def run_load(
         warm: list[RequestSample] = []
         w0 = time.perf_counter()
         if wl.warmup_requests:
-            warm_source = RequestSource(wl, tokenizer, wl.seed + 1_000_003)
+            warm_source = await asyncio.to_thread(
+                RequestSource, wl, tokenizer, wl.seed + 1_000_003)
             warm, _, _ = await _phase(
                 session, url, model, wl, warm_source, wl.warmup_requests,
                 None, wl.seed + 1, "warm-up", progress, None,
             )
         warmup_s = time.perf_counter() - w0
+        cache_reset = await _reset_prefix_cache(session, base_url) if reset_cache else None
         watcher = None
         if scrape_metrics:
             from qtune.load.prometheus import MetricsWatcher
 
-            watcher = MetricsWatcher(base_url)
-            await watcher.start(session)
-        source = RequestSource(wl, tokenizer, wl.seed)
+            watcher = MetricsWatcher(base_url, gauge_interval)
+            await watcher.start()
+        source = await asyncio.to_thread(RequestSource, wl, tokenizer, wl.seed)
         samples, duration, stopped = await _phase(
             session, url, model, wl, source, wl.requests, wl.duration,
             wl.seed, "measure", progress, max_inflight, watch,
         )
-        server = await watcher.stop(session) if watcher else None
+        server = await watcher.stop() if watcher else None
     return LoadResult(samples, duration, warm, stopped == "saturated", server, stopped,
-                      warmup_s)
+                      warmup_s, cache_reset,
+                      checks=sample_checks(samples, wl.endpoint))
+
+
+# Where an engine empties its prefix cache on request: vLLM (only with
+# VLLM_SERVER_DEV_MODE=1), SGLang.  Tried in order; the first 200 wins.
+_CACHE_RESET_PATHS = ("/reset_prefix_cache", "/flush_cache")
+
+
+async def _reset_prefix_cache(session: aiohttp.ClientSession, base_url: str) -> bool:
+    """Empty the server's prefix cache, if it offers a way; True when done.
+    Fresh prompts already keep a phase from hitting the cache; this also
+    drops what a previous phase left, so the hit-rate check reads only the
+    phase itself."""
+    for path in _CACHE_RESET_PATHS:
+        try:
+            async with session.post(base_url.rstrip("/") + path,
+                                    timeout=aiohttp.ClientTimeout(total=30)) as r:
+                if r.status == 200:
+                    return True
+        except (aiohttp.ClientError, TimeoutError):
+            continue
+    return False

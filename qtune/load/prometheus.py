@@ -1,8 +1,19 @@
 """Server-side view of a run from the engine's Prometheus ``/metrics``.
 
-Scraped before, during (every ``interval`` s) and after the measured phase,
-to report what explains the client-side numbers: preemptions (KV pressure),
-peak KV-cache usage, the waiting-queue peak and the prefix-cache hit rate.
+Counters are read once before and once after the measured phase, which is
+enough for everything they say: preemptions (KV pressure), prefix-cache hits
+(the contamination check of a phase), prompt and generated tokens, finished
+requests per engine.  The gauges (running, waiting, KV-cache use) only say
+something while the load runs, so their peaks need scrapes during the phase;
+those are off unless an ``interval`` is given, and then go over a connection
+of their own, never one of the load's pooled connections.
+
+Why not every second, as before: on the 2-core CPU target a once-a-second
+scrape during the measured phase went with TTFT p99 stalls of 1-22 s (and 12
+of 160 requests lost to ServerDisconnectedError) where the same load without
+it saw 28-38 ms (shared/reference/measured.md).  ``benchmarks/server_view_ab.py``
+measures the schemes against each other and against vLLM's own client.
+
 Names are vLLM's (engines.md §4.2), with the older aliases accepted.  An
 endpoint without ``/metrics`` gives ``None``, never an error.
 
@@ -76,16 +87,24 @@ def _combine(name: str, per_engine: dict[str, float]) -> float:
 
 
 class MetricsWatcher:
-    def __init__(self, base_url: str, interval: float = 1.0) -> None:
+    """``interval`` None: counters only (before and after the phase); else
+    also the gauges every ``interval`` seconds during it."""
+
+    def __init__(self, base_url: str, interval: float | None = None) -> None:
         self.url = base_url.rstrip("/") + "/metrics"
         self.interval = interval
+        self.scrapes = 0
+        self._session: aiohttp.ClientSession | None = None
         self.first: Snapshot | None = None
         self.last: Snapshot | None = None
         self.peaks: dict[str, float] = {}
         self.engine_peaks: dict[str, dict[str, float]] = {}  # gauge → engine → peak
         self._task: asyncio.Task[None] | None = None
 
-    async def scrape(self, session: aiohttp.ClientSession) -> Snapshot | None:
+    async def scrape(self, session: aiohttp.ClientSession,
+                     during: bool = True) -> Snapshot | None:
+        """One read; ``during`` the phase its gauges count towards the
+        peaks (before or after it they read an idle server)."""
         try:
             async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=5)) as r:
                 if r.status != 200:
@@ -93,9 +112,12 @@ class MetricsWatcher:
                 snap = parse(await r.text())
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
+        self.scrapes += 1
         if self.first is None:
             self.first = snap
         self.last = snap
+        if not during:
+            return snap
         for g in _GAUGES:
             per = _gauge(snap, g)
             if not per:
@@ -116,26 +138,38 @@ class MetricsWatcher:
             held[e] = max(held.get(e, x), x)
         return snap
 
-    async def start(self, session: aiohttp.ClientSession) -> None:
-        if await self.scrape(session) is None:
+    async def start(self) -> None:
+        # A connection of its own, closed after each scrape: a scrape never
+        # waits behind (or holds up) one of the load's streams.
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True))
+        if await self.scrape(self._session, during=False) is None:
+            await self._session.close()
+            self._session = None
             return  # no /metrics here: stay silent
+        if self.interval is None:
+            return
+        session, interval = self._session, self.interval
 
         async def loop() -> None:
             while True:
-                await asyncio.sleep(self.interval)
+                await asyncio.sleep(interval)
                 await self.scrape(session)
 
         self._task = asyncio.create_task(loop())
 
-    async def stop(self, session: aiohttp.ClientSession) -> dict[str, Any] | None:
-        if self._task is None:
+    async def stop(self) -> dict[str, Any] | None:
+        if self._session is None:
             return None
-        self._task.cancel()
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
-        await self.scrape(session)
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        await self.scrape(self._session, during=False)
+        await self._session.close()
+        self._session = None
         return self.report()
 
     def report(self) -> dict[str, Any] | None:
@@ -150,12 +184,15 @@ class MetricsWatcher:
 
         queries = delta("vllm:prefix_cache_queries")
         out: dict[str, Any] = {
+            "scrapes": self.scrapes,
+            "gauge_interval_s": self.interval,
             "preemptions": int(delta("vllm:num_preemptions")),
             "kv_cache_usage_peak": self.peaks.get("vllm:kv_cache_usage_perc"),
             "waiting_peak": self.peaks.get("vllm:num_requests_waiting"),
             "running_peak": self.peaks.get("vllm:num_requests_running"),
             "prefix_cache_hit_rate": (delta("vllm:prefix_cache_hits") / queries
                                       if queries > 0 else None),
+            "prefix_cache_queries": int(queries),
             "prompt_tokens": int(delta("vllm:prompt_tokens")),
             "generation_tokens": int(delta("vllm:generation_tokens")),
         }

@@ -1047,6 +1047,10 @@ def _constraints(cfg: TuneConfig, summary: dict[str, Any]) -> dict[str, float]:
     """A measured trial's constraints (feasible when all are <= 0): failed
     requests, and each SLO's violation."""
     out = {"failed_requests": float(summary["failed"])}
+    if summary.get("contaminated"):
+        # Measured on cached prefills: not the workload asked for, so it
+        # may not win (qtune.bench.CONTAMINATED_HIT_RATE).
+        out["contaminated"] = 1.0
     for slo in cfg.slo:
         out[str(slo)] = slo.violation(metric_value(summary, slo.metric))
     return out
@@ -1159,10 +1163,13 @@ def _measure(prep: Prepared, spec: Any, n: int, reporter: Reporter, baseline: bo
 
     if cfg.objective == "capacity":
         cap = find_capacity(spec.base_url, spec.served_model, bcfg, progress)
-        # Report the re-measured run at the capacity as the trial's summary.
-        summary = measure(spec.base_url, spec.served_model,
-                          _at_load(cfg.workload, cap.get("value")), bcfg,
-                          progress=progress)
+        # The trial's summary is the re-measured run at the capacity (fresh
+        # prompts, twice the probe window); with no capacity, a run at the
+        # study's load with prompts no probe sent.
+        summary = cap.pop("at_value_summary", None) or measure(
+            spec.base_url, spec.served_model,
+            dataclasses.replace(cfg.workload, seed=cfg.workload.seed + 1), bcfg,
+            progress=progress)
         summary["capacity"] = cap
         return summary
     watch = None if baseline else make_pruner(prep, best_value)

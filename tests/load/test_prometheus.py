@@ -34,7 +34,9 @@ def metrics(engines: dict[str, dict[str, float]]) -> str:
 
 
 def watch(texts: list[str]) -> dict | None:
-    """Scrape each text once, in order, as the watcher would over a run."""
+    """Scrape each text once, in order, as the watcher would over a run: the
+    first before the phase, the others during it, then the last once more
+    after it (an after-scrape reads an idle server: it must not count)."""
     async def main() -> dict | None:
         pages = iter(texts)
 
@@ -51,8 +53,8 @@ def watch(texts: list[str]) -> dict | None:
         w = MetricsWatcher(f"http://{host}:{port}", interval=3600)
         try:
             async with aiohttp.ClientSession() as session:
-                for _ in texts:
-                    await w.scrape(session)
+                for i, _ in enumerate(texts):
+                    await w.scrape(session, during=i > 0)
         finally:
             await runner.cleanup()
         return w.report()
@@ -123,3 +125,35 @@ def test_engines_sort_numerically_and_other_labels_are_summed():
     rep = watch([metrics({"10": {}, "2": {}}),
                  metrics({"10": {"generation_tokens": 1}, "2": {"generation_tokens": 5}})])
     assert [e["engine"] for e in rep["engines"]] == ["2", "10"]
+
+
+def test_counters_before_and_after_only_give_no_peaks():
+    """Without scrapes during the phase, gauges say nothing: no peak is
+    invented from an idle server, while the counters are exact."""
+    async def main() -> dict | None:
+        pages = iter([
+            metrics({"0": {"generation_tokens": 100, "num_requests_running": 0}}),
+            metrics({"0": {"generation_tokens": 900, "num_requests_running": 0}}),
+        ])
+
+        async def handler(request: web.Request) -> web.Response:
+            return web.Response(text=next(pages))
+
+        app = web.Application()
+        app.router.add_get("/metrics", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        w = MetricsWatcher(f"http://{host}:{port}")
+        try:
+            await w.start()
+            return await w.stop()
+        finally:
+            await runner.cleanup()
+
+    rep = asyncio.run(main())
+    assert rep is not None
+    assert rep["generation_tokens"] == 800 and rep["scrapes"] == 2
+    assert rep["running_peak"] is None and rep["kv_cache_usage_peak"] is None

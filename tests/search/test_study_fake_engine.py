@@ -126,6 +126,7 @@ def test_pruning_stops_slow_trials_early(fake, tmp_path):
 def test_sqlite_storage_and_resume(fake, tmp_path):
     cfg = dataclasses.replace(fake, trials=2, confirm_top=0, study="sql",
                               storage=f"sqlite:///{tmp_path / 'db' / 'studies.db'}")
+    (tmp_path / "db").mkdir()  # qtune never creates the storage's folder
     res = tune(cfg)
     assert res.storage.startswith("sqlite:///") and res.trials[0].baseline
     res2 = tune(dataclasses.replace(cfg, trials=3))

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Does the capacity qtune reports hold when vLLM's own client measures it?
+
+Starts one server (the engine defaults, or ``--params`` as JSON) for
+``--model``, then:
+
+1. ``qtune bench --find-capacity`` on it, as a user runs it, with ``--slo``;
+   every probe reports its prefix-cache hit rate from the server's counters;
+2. at the capacity qtune reported, ``vllm bench serve`` (random prompts, a
+   seed no probe used) over twice the longest probe's request count, after a
+   warm-up, and ``qtune bench`` over the same count with fresh prompts too;
+3. prints whether each met the SLO at that rate and kept up (served rate
+   against offered), and the two clients side by side.
+
+    python benchmarks/capacity_crosscheck.py                       # CPU, tiny model
+    python benchmarks/capacity_crosscheck.py --model examples/qwen3-4b \\
+        --input-len 1024 --output-len 256 --rate 16 \\
+        --slo 'ttft_p99<=1000ms,tpot_p99<=30ms'                    # one H200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_view_ab import _VLLM_BENCH  # noqa: E402
+
+
+def qtune_bench(url: str, model: str, tok: str, *args: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "qtune", "bench", "--url", url, "--model", model,
+           "--tokenizer", tok, "--json", *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
+    sys.stderr.write(r.stderr[-1500:])
+    if r.returncode not in (0, 3):
+        raise SystemExit(f"qtune bench failed ({r.returncode})")
+    return json.loads(r.stdout)
+
+
+def vllm_bench(a: argparse.Namespace, url: str, model: str, tok: str, rate: float,
+               n: int, seed: int, work: Path) -> dict[str, Any]:
+    out = work / f"vllm-{seed}.json"
+    cmd = [sys.executable, "-c", _VLLM_BENCH, "--backend", "openai", "--base-url", url,
+           "--endpoint", "/v1/completions", "--model", model, "--tokenizer", tok,
+           "--dataset-name", "random", "--random-input-len", str(a.input_len),
+           "--random-output-len", str(a.output_len), "--random-range-ratio", "0",
+           "--num-prompts", str(n), "--request-rate", str(rate), "--seed", str(seed),
+           "--ignore-eos", "--temperature", "0", "--num-warmups", str(a.warmup),
+           "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+           "--save-result", "--result-dir", str(work), "--result-filename", out.name,
+           "--disable-tqdm"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
+    if r.returncode != 0:
+        raise SystemExit(f"vllm bench serve failed: {r.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def reset_cache(url: str) -> None:
+    try:
+        urllib.request.urlopen(urllib.request.Request(url + "/reset_prefix_cache",
+                                                      method="POST"), timeout=30).read()
+    except OSError:
+        pass
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="model folder (default: embedded)")
+    ap.add_argument("--params", default="{}", help="launch params as JSON (default: "
+                    "the engine defaults)")
+    ap.add_argument("--input-len", type=int, default=200)
+    ap.add_argument("--output-len", type=int, default=96)
+    ap.add_argument("--rate", type=float, default=4.0, help="first probe's rate")
+    ap.add_argument("--requests", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=16)
+    ap.add_argument("--slo", default="ttft_p99<=300ms,tpot_p99<=100ms")
+    ap.add_argument("--capacity-window", type=float, default=20.0)
+    ap.add_argument("--startup-timeout", type=float, default=900.0)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+
+    from qtune.engines.base import SpaceContext
+    from qtune.engines.vllm import VLLM
+    from qtune.host import probe
+    from qtune.model import resolve_model
+    from qtune.server import Server, free_port
+
+    work = Path(tempfile.mkdtemp(prefix="qtune-capacity-"))
+    m = resolve_model(a.model)
+    host = probe()
+    ctx = SpaceContext(host, m, host.engines.get("vllm"))
+    eng = VLLM()
+    params = json.loads(a.params) or eng.baseline(ctx)[0]
+    spec = eng.launch_spec(params, ctx, host="127.0.0.1", port=free_port())
+    tok = str(m.tokenizer_dir)
+    print(f"server: {' '.join(spec.argv[3:])}  env {dict(spec.env)}", flush=True)
+    out: dict[str, Any] = {"params": params, "argv": list(spec.argv)}
+    t0 = time.monotonic()
+    with Server(spec, work / "server.log") as srv:
+        out["startup_s"] = srv.wait_ready(a.startup_timeout)
+        print(f"ready after {out['startup_s']:.0f} s", flush=True)
+        url, model = spec.base_url, spec.served_model
+        cap = qtune_bench(url, model, tok, "--find-capacity", "--slo", a.slo,
+                          "--rate", str(a.rate), "--requests", str(a.requests),
+                          "--warmup", str(a.warmup), "--input-len", str(a.input_len),
+                          "--output-len", str(a.output_len), "--capacity-window",
+                          str(a.capacity_window))["capacity"]
+        out["capacity"] = cap
+        for st in cap["steps"]:
+            print(f"  probe {st['load']:g} req/s: {'held' if st['ok'] else 'no'} "
+                  f"({st['why']}); {st['requests']} requests, served "
+                  f"{(st.get('served_share') or 0) * st['load']:.2f} req/s, prefix hits "
+                  f"{st.get('prefix_cache_hit_rate')}", flush=True)
+        if not cap.get("found"):
+            print(f"no capacity: {cap.get('reason')}")
+            return 1
+        rate = cap["value"]
+        n = 2 * max(st["requests"] for st in cap["steps"])
+        print(f"capacity {rate:g} req/s ({cap.get('decided')}); cross-check over {n} "
+              "requests with fresh prompts", flush=True)
+        reset_cache(url)
+        v = vllm_bench(a, url, model, tok, rate, n, 777, work)
+        q = qtune_bench(url, model, tok, "--rate", str(rate), "--requests", str(n),
+                        "--warmup", str(a.warmup), "--input-len", str(a.input_len),
+                        "--output-len", str(a.output_len), "--slo", a.slo, "--seed", "778")
+    out["wall_s"] = time.monotonic() - t0
+    slo = dict(x.split("<=") for x in a.slo.split(","))
+
+    def ms(x: str) -> float:
+        return float(x[:-2]) if x.endswith("ms") else float(x.rstrip("s")) * 1000
+
+    rows = []
+    for name, key_v, key_q in (("ttft_p99", "p99_ttft_ms", ("ttft_ms", "p99")),
+                               ("tpot_p99", "p99_tpot_ms", ("tpot_ms", "p99")),
+                               ("ttft_p50", "p50_ttft_ms", ("ttft_ms", "p50")),
+                               ("tpot_p50", "p50_tpot_ms", ("tpot_ms", "p50")),
+                               ("e2e_p99", "p99_e2el_ms", ("e2e_ms", "p99"))):
+        vv, qq = v.get(key_v), (q.get(key_q[0]) or {}).get(key_q[1])
+        lim = ms(slo[name]) if name in slo else None
+        rows.append((name, vv, qq, lim))
+    print(f"\nat {rate:g} req/s, {n} requests each (vLLM's client, then qtune's):")
+    print(f"  {'metric':10s} {'vllm':>10s} {'qtune':>10s} {'SLO':>8s}")
+    for name, vv, qq, lim in rows:
+        print(f"  {name:10s} {vv:10.1f} {qq:10.1f} {lim if lim else '-':>8}")
+    print(f"  {'req/s':10s} {v['request_throughput']:10.2f} {q['request_throughput']:10.2f}"
+          f" {rate:>8g} offered")
+    # Served: completions over the whole run, drain included, against what a
+    # server that keeps up would give (n over the arrival window plus one
+    # median request).
+    kept_up = n / (n / rate + v["median_e2el_ms"] / 1000)
+    held_v = all(vv <= lim for _, vv, _, lim in rows if lim) and \
+        v["request_throughput"] >= 0.9 * kept_up
+    print(f"vLLM's client: SLO {'held' if held_v else 'NOT held'} at qtune's capacity; "
+          f"qtune bench: SLO {'held' if (q.get('goodput') or {}).get('slo_met') else 'NOT held'}"
+          f"; prompt tokens per request (server) vLLM {v['total_input_tokens'] / n:.1f}")
+    out.update(vllm=v, qtune=q, held_by_vllm=held_v)
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
