@@ -86,7 +86,7 @@ def test_dataset_and_chat(vllm_url, tmp_path):
 def test_find_capacity_remeasured(vllm_url):
     url, _ = vllm_url
     d = bench(url, "--find-capacity", "--slo", "ttft_p99<=400ms", "--rate", "4",
-              "--requests", "40", "--warmup", "4", "--input-len", "128",
+              "--requests", "40", "--warmup", "4", "--input-len", "128", "--capacity-window", "5",
               "--output-len", "16")
     cap = d["capacity"]
     assert cap["found"], cap

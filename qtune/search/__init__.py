@@ -42,6 +42,7 @@ from qtune.errors import (
 )
 from qtune.files import check_target, write_atomic
 from qtune.host import HostFacts, placement, probe
+from qtune.host.installed import EngineInstall
 from qtune.metrics import metric_value
 from qtune.model import ModelInfo, resolve_model
 from qtune.profile import EngineInfo, Profile, StudyRef
@@ -246,6 +247,10 @@ def prepare(cfg: TuneConfig) -> Prepared:
         # A re-pick launches nothing: the study's trials are all there is.
         cfg = dataclasses.replace(cfg, trials=0, confirm_top=0)
     install = host.engines.get(cfg.engine)
+    if install is None and cfg.pick is not None:
+        # A re-pick writes the profile of a trial that ran: the engine that
+        # ran it, as the study recorded it, and the trial's own command.
+        install = _recorded_install(storage_url, study_name)
     if install is None:
         raise EngineError(
             f"{cfg.engine} is not installed for {host.engines.python}"
@@ -253,13 +258,13 @@ def prepare(cfg: TuneConfig) -> Prepared:
             hint="pip install 'qtune[cpu]' on a CPU host or 'qtune[vllm]' on a GPU "
             "host, or pass --engine-python PATH of the engine's environment",
         )
-    if install.build == "cuda" and not host.gpus:
+    if install.build == "cuda" and not host.gpus and cfg.pick is None:
         raise EngineError(
             f"vLLM {install.version} is a CUDA build but no NVIDIA GPU is visible",
             hint=host.gpu.note or "install the CPU build: pip install 'qtune[cpu]'",
         )
     engine_args = None
-    if cfg.engine == "vllm":
+    if cfg.engine == "vllm" and cfg.pick is None:
         from qtune.engines.vllm_args import engine_args as read_args
 
         engine_args = read_args(install)
@@ -413,6 +418,14 @@ def _study_files(cfg: TuneConfig, name: str) -> tuple[str, Path]:
     return url, study_dir
 
 
+def _recorded_install(url: str, name: str) -> EngineInstall | None:
+    """The engine a study ran with, as it recorded it (None for a study
+    from before qtune recorded it)."""
+    study = optuna.load_study(study_name=name, storage=open_storage(url, read_only=True))
+    rec = study.user_attrs.get("engine_install")
+    return EngineInstall(**rec) if isinstance(rec, dict) else None
+
+
 def _pickable(pick: int, name: str, url: str) -> None:
     """``--pick`` re-picks from a study that exists: refuse a missing study
     or a trial that cannot be picked, reading the storage only."""
@@ -504,6 +517,8 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     study.set_user_attr("exact", cfg.exact)
     study.set_user_attr("model", prep.ctx.model.summary())
     study.set_user_attr("optuna_version", optuna.__version__)
+    # What --pick needs to write a profile where the engine is not installed.
+    study.set_user_attr("engine_install", dataclasses.asdict(prep.ctx.install))
     prep.study_dir.mkdir(parents=True, exist_ok=True)
     dists = distributions(prep.params)
     reporter.study_started({
@@ -1352,6 +1367,18 @@ def _objective_pair(study: optuna.Study, best: TrialRecord,
             "basis": "one run each"}
 
 
+def _as_ran(study: optuna.Study, rec: TrialRecord) -> Any:
+    """A picked trial's launch as it ran (its command and env from the
+    study), on the deployed port: --pick needs no engine installed."""
+    from types import SimpleNamespace
+
+    a = study.get_trials(deepcopy=False)[rec.number].user_attrs
+    argv = list(a.get("argv") or [])
+    if "--port" in argv[:-1]:
+        argv[argv.index("--port") + 1] = "8000"
+    return SimpleNamespace(argv=argv, env=dict(a.get("env") or {}))
+
+
 def build_profile(
     prep: Prepared,
     study: optuna.Study,
@@ -1365,7 +1392,8 @@ def build_profile(
     compared them (``_objective_pair``)."""
     cfg = prep.cfg
     # The trial ran on a random port; the deployed server gets a fixed one.
-    spec = prep.engine.launch_spec(best.params, prep.ctx, host="127.0.0.1", port=8000)
+    spec = prep.engine.launch_spec(best.params, prep.ctx, host="127.0.0.1", port=8000) \
+        if cfg.pick is None else _as_ran(study, best)
     notes = []
     if prep.ctx.model.load_format == "dummy":
         notes.append("tuned with random weights (--load-format dummy): swap in the "

@@ -454,3 +454,28 @@ def test_the_anchor_needs_a_clear_margin_over_the_defaults():
     up = SimpleNamespace(direction="maximize", params=prep.params)  # capacity
     assert _seed_anchor(up, study(10.0, 30.0, "maximize"))[0] == {"delay_ms": 1}
     assert _seed_anchor(up, study(30.0, 10.0, "maximize")) == ({}, "")
+
+
+def test_pick_needs_no_engine_installed_and_launches_nothing(fake, monkeypatch, cpu_host):
+    """Issue 14: ``--pick`` must never launch anything and must not need the
+    engine installed.  The profile is the picked trial's launch as it ran
+    (the study records the engine that ran it), on the deployed port."""
+    import qtune.search as search
+    import qtune.server as server
+
+    res = tune(dataclasses.replace(fake, trials=2, confirm_top=0, study="pick"))
+    picked = next(t for t in res.trials if t.status == "ok" and t.feasible)
+    bare = dataclasses.replace(cpu_host, engines=InstalledEngines(sys.executable, []))
+    monkeypatch.setattr(search, "probe", lambda **kw: bare)
+
+    def no_launch(*a, **kw):
+        raise AssertionError("--pick launched a server")
+
+    monkeypatch.setattr(server.Server, "start", no_launch)
+    res2 = tune(dataclasses.replace(fake, trials=2, confirm_top=0, study="pick",
+                                    pick=picked.number))
+    profile = Profile.load(res2.profile_path)
+    assert profile.study.trial == picked.number and profile.engine.version == "1.0"
+    ran = list(picked.argv)
+    ran[ran.index("--port") + 1] = "8000"
+    assert profile.argv == ran
