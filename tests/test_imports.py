@@ -13,14 +13,14 @@ import pytest
 ROOT = Path(__file__).parents[1] / "qtune"
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def graph(root: Path) -> tuple[dict[str, set[str]], list[str]]:
     """Edges module -> imported qtune modules, and the private imports."""
-    files = {module_name(p): p for p in root.rglob("*.py")}
+    files = {module_name(p, root): p for p in root.rglob("*.py")}
     edges: dict[str, set[str]] = {m: set() for m in files}
     private = []
     for mod, path in files.items():
