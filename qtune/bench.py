@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from qtune.errors import InputError, mask_url
+from qtune.errors import InputError, mask_url, printable
 from qtune.load import run_load
 from qtune.load.workload import ServerTokenizer, Workload
 from qtune.metrics import goodput, in_flight_at_sends, keeps_up, metric_value, summarize
-from qtune.search.config import SLO
+from qtune.objectives import SLO
+from qtune.stats import bootstrap_median, ratio_ci
 
 # Metrics reported across repeats and comparisons.
 KEY_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99",
@@ -74,6 +73,28 @@ GAUGE_INTERVAL_S = 5.0
 
 def default_gauge_interval() -> float | None:
     return GAUGE_INTERVAL_S if (os.cpu_count() or 1) >= GAUGE_MIN_CPUS else None
+
+
+def check_url(url: str, flag: str = "--url") -> str:
+    """An http(s) URL with a host and a valid port; refused with the URL's
+    password masked."""
+    from urllib.parse import urlsplit
+
+    shown = printable(mask_url(url))
+    hint = "e.g. http://127.0.0.1:8000 (the server's base URL)"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError for "80x" or 99999
+    except ValueError as exc:
+        why = "bad port" if "port" in str(exc).lower() else "cannot parse it"
+        raise InputError(f"{flag} {shown}: {why}", hint=hint) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError(f"{flag} {shown}: not an http(s) URL with a host", hint=hint)
+    if port == 0:
+        raise InputError(f"{flag} {shown}: bad port", hint=hint)
+    if printable(url) != url:
+        raise InputError(f"{flag} {shown}: holds control characters", hint=hint)
+    return url
 
 
 def served_model(url: str) -> tuple[str, str | None]:
@@ -184,32 +205,6 @@ def measure(
     return s
 
 
-def _bootstrap_median(
-    values: list[float], seed: int = 0
-) -> tuple[float, float | None, float | None]:
-    arr = np.asarray(values, dtype=float)
-    med = float(np.median(arr))
-    if arr.size < 3:
-        return med, None, None
-    rng = np.random.default_rng(seed)
-    boots = np.median(rng.choice(arr, size=(2000, arr.size), replace=True), axis=1)
-    return med, float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
-
-
-def _ratio_ci(a: list[float], b: list[float], seed: int = 0) -> dict[str, Any]:
-    """Ratio of medians b/a with a bootstrap 95% interval."""
-    A, B = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    ratio = float(np.median(B) / np.median(A)) if np.median(A) else math.nan
-    if A.size < 3 or B.size < 3:
-        return {"ratio": ratio, "ci95": None}
-    rng = np.random.default_rng(seed)
-    ma = np.median(rng.choice(A, size=(2000, A.size)), axis=1)
-    mb = np.median(rng.choice(B, size=(2000, B.size)), axis=1)
-    r = mb / np.where(ma == 0, np.nan, ma)
-    return {"ratio": ratio, "ci95": [float(np.nanpercentile(r, 2.5)),
-                                     float(np.nanpercentile(r, 97.5))]}
-
-
 def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, Any]:
     models: list[str] = []
     roots: list[str | None] = []
@@ -256,7 +251,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
         for m in KEY_METRICS:
             vals = [v for r in runs[k] if (v := metric_value(r, m)) is not None]
             if vals:
-                med, lo, hi = _bootstrap_median(vals)
+                med, lo, hi = bootstrap_median(vals)
                 agg[m] = {"median": med, "ci95": [lo, hi] if lo is not None else None,
                           "values": vals}
         out["repeats"].append(agg)
@@ -266,7 +261,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
             a = [v for r in runs[0] if (v := metric_value(r, m)) is not None]
             b = [v for r in runs[1] if (v := metric_value(r, m)) is not None]
             if a and b:
-                cmp[m] = _ratio_ci(a, b)
+                cmp[m] = ratio_ci(a, b)
         out["comparison"] = {"ratio": "second / first", **cmp}
     return out
 

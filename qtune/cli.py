@@ -243,8 +243,9 @@ def search(
 ) -> None:
     """Tune the engine's launch flags against a live load; write a profile."""
     from qtune import console
+    from qtune.objectives import parse_slo
     from qtune.search import prepare, run_study
-    from qtune.search.config import TuneConfig, parse_levels, parse_slo
+    from qtune.search.config import TuneConfig, parse_levels
     wl = _workload(locals())
     cfg = TuneConfig(model=model, engine=engine, engine_python=engine_python,
                      trials=trials, workload=wl, objective=objective,
@@ -329,16 +330,14 @@ def bench(
     """Measure an OpenAI-compatible endpoint under a workload (no launch).
     Exits 3 when every request of a run failed (the reasons are printed)."""
     from qtune import console
-    from qtune.bench import BenchConfig, default_gauge_interval, run_bench
-    from qtune.search.config import parse_slo
+    from qtune.bench import BenchConfig, check_url, default_gauge_interval, run_bench
+    from qtune.objectives import parse_slo
 
     if len(url) > 2:
         from qtune.errors import InputError
 
         raise InputError("--url: give one endpoint, or two to compare",
                          hint="compare more configs pairwise")
-    from qtune.search.config import check_url
-
     for u in url:
         check_url(u)
     if csv is not None:  # before the first request, not after the last

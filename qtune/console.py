@@ -188,7 +188,9 @@ class SearchReporter:
             flag = "" if rec.feasible else Text(" (infeasible)", style="red").plain
             head = f"{self.objective}={_fmt(rec.value)}"
             if rec.values:  # pareto: both objectives
-                lat = self.objective.partition(":")[2] or "e2e_p99"
+                from qtune.objectives import get_objective
+
+                lat = get_objective(self.objective).run_metric
                 head = f"req/s={_fmt(rec.values[0])} {lat}={_fmt(rec.values[1])}"
             if s.get("contaminated"):
                 flag += f" (not used: {s['contaminated']})"

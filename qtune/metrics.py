@@ -78,18 +78,6 @@ def metric_value(summary: dict[str, Any], name: str) -> float | None:
     return float(stats[pct])
 
 
-def run_metric(objective: str) -> str:
-    """The metric one run at a fixed load judges an objective by: itself;
-    for ``pareto[:LATENCY]`` its latency (throughput is reported beside
-    it); for ``capacity``, goodput at the capacity's load (a run at one load
-    cannot re-find the capacity, but it shows whether the load still holds)."""
-    if objective == "pareto" or objective.startswith("pareto:"):
-        return objective.partition(":")[2] or "e2e_p99"
-    if objective == "capacity":
-        return "goodput"
-    return objective
-
-
 # Per-request limits checkable on one request (vLLM's --goodput keys).
 _PER_REQUEST = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e"}
 

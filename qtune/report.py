@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from qtune.errors import StudyError, mask_url
 from qtune.files import check_target, write_atomic
-from qtune.search import TrialRecord, check_storage_url, open_storage, ran_trials
+from qtune.search import check_storage_url, open_storage, trials_frame, winner
 from qtune.search.config import check_study_name
 
 
@@ -43,35 +43,6 @@ def load_study(name: str, storage: str | None, studies_dir: Path = Path("studies
         raise StudyError(f"no study {name!r} in {mask_url(url)}",
                          hint="check the study name and --storage") from None
     return study, url
-
-
-def trials_frame(study: optuna.Study) -> Any:
-    import pandas as pd
-
-    rows = []
-    for t in ran_trials(study):
-        r = TrialRecord.from_frozen(t)
-        s = r.summary or {}
-        row: dict[str, Any] = {
-            "trial": r.number, "baseline": r.baseline, "status": r.status,
-            "reason": r.reason, "value": r.value, "feasible": r.feasible,
-            "startup_s": r.startup_s, "measure_s": r.measure_s, "detail": r.detail,
-        }
-        if r.load_level is not None:  # --levels: the load, and whose server
-            row["load_level"], row["server_of"] = r.load_level, r.server_of
-        row.update({f"param.{k}": v for k, v in r.params.items()})
-        for m in ("ttft", "tpot", "itl", "e2e"):
-            for p in ("p50", "p90", "p99"):
-                row[f"{m}_{p}_ms"] = (s.get(f"{m}_ms") or {}).get(p)
-        row["req_per_s"] = s.get("request_throughput")
-        row["out_tok_per_s"] = s.get("output_token_throughput")
-        row["failed"] = s.get("failed")
-        rows.append(row)
-    if not rows:  # a study with no trial yet: the columns, no rows
-        return pd.DataFrame(columns=["trial", "baseline", "status", "reason", "value",
-                                     "feasible", "startup_s", "measure_s", "detail",
-                                     "req_per_s", "out_tok_per_s", "failed"])
-    return pd.DataFrame(rows)
 
 
 def importances(study: optuna.Study) -> dict[str, float]:
@@ -197,7 +168,7 @@ def _maximize(study: optuna.Study) -> bool:
 
 
 def _latency(objective: str) -> str:
-    from qtune.search.config import pareto_latency
+    from qtune.objectives import pareto_latency
 
     return pareto_latency(objective) or "e2e_p99"
 
@@ -268,15 +239,9 @@ def report(name: str, storage: str | None, *, csv: Path | None = None,
     if html_path:
         write_atomic(html_path, render_html(study, url, df, imp), force=force,
                      what="--html")
-    ok = df[df["value"].notna() & df["feasible"]]
-    best = None
-    if len(study.directions) > 1:
-        from qtune.search import _best
-
-        knee = _best(study)  # the point the search writes as the profile
-        best = knee.number if knee is not None else None
-    elif not ok.empty:
-        best = int(ok.sort_values("value", ascending=not _maximize(study)).iloc[0]["trial"])
+    # The trial the search writes as the profile: the same rule, the same answer.
+    won = winner(study)
+    best = won.number if won is not None else None
     # Counts are of launches; --levels points are counted apart.
     launches = df[df["server_of"].isna()] if "server_of" in df else df
     counts = launches["status"].value_counts().to_dict()

@@ -15,17 +15,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from qtune.bench import KEY_METRICS, BenchConfig, _bootstrap_median, _ratio_ci, measure
+from qtune.bench import KEY_METRICS, BenchConfig, measure
 from qtune.engines import get_engine
 from qtune.engines.base import SpaceContext
-from qtune.errors import EngineError, ModelError, ProfileError, ServerError
+from qtune.errors import EngineError, InputError, ModelError, ProfileError, ServerError
 from qtune.host import probe
 from qtune.load.workload import Workload
-from qtune.metrics import metric_value, run_metric
+from qtune.metrics import metric_value
 from qtune.model import resolve_model
+from qtune.objectives import SLO, get_objective, lower_is_better, parse_slo
 from qtune.profile import Profile
-from qtune.search.config import OBJECTIVES, SLO, parse_slo
 from qtune.server import Server, free_port
+from qtune.stats import bootstrap_median, ratio_ci
 
 
 @dataclasses.dataclass
@@ -193,9 +194,9 @@ def verify(
     else:
         note = None
         b = Side("other", against.argv, dict(against.env))
-    objective = profile.metrics.get("objective", {}).get("name", "e2e_p99")
+    name = profile.metrics.get("objective", {}).get("name", "e2e_p99")
     slo = parse_slo(",".join(profile.slo)) if profile.slo else []
-    workload, at_load = _verify_load(profile, objective)
+    workload, at_load = _verify_load(profile, name)
     t0 = time.monotonic()
     runs, starts, failed_starts = measure_sides(
         [a, b], profile.engine.name, ctx, workload, repeat,
@@ -204,7 +205,12 @@ def verify(
     for side in (a, b):
         if not runs[side.label]:  # nothing to compare: why it never started
             raise failed_starts[side.label][-1]
-    judged = run_metric(objective)
+    try:
+        judged = get_objective(name).run_metric
+    except InputError:
+        # A profile names an objective this qtune does not know (a later
+        # version's): judged as the metric of that name, if runs have one.
+        judged = name
     metrics = [judged] + [m for m in KEY_METRICS if m != judged]
     table: dict[str, Any] = {}
     for m in metrics:
@@ -214,11 +220,11 @@ def verify(
             continue
         row = {}
         for label, vals in ((a.label, va), (b.label, vb)):
-            med, lo, hi = _bootstrap_median(vals)
+            med, lo, hi = bootstrap_median(vals)
             row[label] = {"median": med, "ci95": [lo, hi] if lo is not None else None,
                           "values": vals}
         # gain > 1 means the profile is better, whatever the metric's sense.
-        ratio = _ratio_ci(va, vb) if _lower_is_better(m) else _ratio_ci(vb, va)
+        ratio = ratio_ci(va, vb) if lower_is_better(m) else ratio_ci(vb, va)
         row["gain"] = ratio
         table[m] = row
     failed = {k: sum(s["failed"] for s in v) for k, v in runs.items()}
@@ -226,7 +232,7 @@ def verify(
     slo_met = ({k: sum(1 for s in v if (s.get("goodput") or {}).get("slo_met")) for k, v
                 in runs.items()} if slo else None)
     return {"profile": profile.name, "against": b.label, "repeats": repeat,
-            "objective": objective, "judged_by": judged, "at_load": at_load,
+            "objective": name, "judged_by": judged, "at_load": at_load,
             "slo": [str(x) for x in slo], "slo_met": slo_met,
             "metrics": table, "failed_requests": failed,
             "failed_starts": {k: [e.cause for e in v] for k, v in failed_starts.items()},
@@ -250,6 +256,3 @@ def _verify_load(profile: Profile, objective: str) -> tuple[Workload, str | None
         return dataclasses.replace(wl, concurrency=int(cap)), f"concurrency {int(cap)}"
     return dataclasses.replace(wl, rate=float(cap)), f"{float(cap):g} req/s"
 
-
-def _lower_is_better(metric: str) -> bool:
-    return OBJECTIVES.get(metric, "minimize") == "minimize" and "throughput" not in metric

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from qtune.bench import BenchConfig, find_capacity, run_bench
 from qtune.load.workload import Workload
-from qtune.search.config import parse_slo
+from qtune.objectives import parse_slo
 
 ROOT = Path(__file__).parent.parent
 SERVICE = 0.01  # seconds per request, serialized: capacity ≈ 100 req/s

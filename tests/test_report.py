@@ -51,6 +51,24 @@ def test_report_exports(tmp_path, monkeypatch):
     assert "param.max_num_seqs" in header and "e2e_p99_ms" in header
 
 
+def test_report_and_search_pick_the_same_winner(tmp_path, monkeypatch):
+    """Once the top configs were re-measured, the winner is the best median
+    of the confirmation runs (trial 1 here), not the best first run (trial 2):
+    the report names the trial the search wrote as the profile."""
+    from qtune.search import winner
+
+    study = _study(tmp_path, monkeypatch)
+    study.set_user_attr("confirmation", {
+        "1": {"values": [300.0, 260.0, 270.0], "median": 270.0, "failures": 0},
+        "2": {"values": [250.0, 320.0, 330.0], "median": 320.0, "failures": 0},
+        # the best median, but a re-run failed: it cannot win over clean ones
+        "3": {"values": [350.0, 200.0], "median": 200.0, "failures": 1},
+    })
+    assert winner(study).number == 1
+    assert report("s", None)["best_trial"] == 1
+    assert winner(study, pick=2).number == 2  # --pick names a trial itself
+
+
 def test_report_unknown_study_lists_known(tmp_path, monkeypatch):
     _study(tmp_path, monkeypatch)
     with pytest.raises(StudyError) as e:

@@ -45,6 +45,7 @@ from qtune.host import HostFacts, placement, probe
 from qtune.host.installed import EngineInstall
 from qtune.metrics import metric_value
 from qtune.model import ModelInfo, resolve_model
+from qtune.objectives import get_objective, pareto_latency
 from qtune.profile import EngineInfo, Profile, StudyRef
 from qtune.search.config import (
     STUDY_NAME_MAX,
@@ -52,26 +53,25 @@ from qtune.search.config import (
     apply_overrides,
     check_config,
     check_levels,
-    check_objective,
     check_study_name,
     load_space_file,
-    pareto_latency,
 )
 from qtune.search.pruning import make_pruner
 from qtune.search.space import (
     SAMPLERS,
-    _describe,
-    _tidy,
+    describe,
     distributions,
     grid_values,
     initial_design,
     make_sampler,
     startup_trials,
+    tidy,
 )
 from qtune.server import Server, free_port
+from qtune.stats import bootstrap_median
 
 __all__ = ["Reporter", "TrialRecord", "TuneResult", "distributions", "grid_values",
-           "make_sampler", "prepare", "tune"]
+           "make_sampler", "prepare", "trials_frame", "tune", "winner"]
 
 # Infrastructure faults say nothing about the configuration: retry them.
 _RETRYABLE = {"port_in_use"}
@@ -201,7 +201,8 @@ def prepare(cfg: TuneConfig) -> Prepared:
     # and only then the engine: nothing is created or started for an input
     # that is refused.
     check_config(cfg)
-    direction = check_objective(cfg.objective)
+    objective = get_objective(cfg.objective)
+    direction = objective.direction
     engine = get_engine(cfg.engine)
     if cfg.sampler not in SAMPLERS:
         raise InputError(f"--sampler: unknown sampler {cfg.sampler!r}",
@@ -231,7 +232,7 @@ def prepare(cfg: TuneConfig) -> Prepared:
             f"tokens) exceeds the model's context length {mml}",
             hint="shorten the workload or raise --max-model-len",
         )
-    if cfg.objective in ("goodput", "capacity") and not [
+    if objective.needs_slo and not [
         s for s in cfg.slo if s.metric != "throughput"
     ]:
         raise InputError(f"--objective {cfg.objective} needs a latency --slo",
@@ -527,7 +528,7 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         "model": prep.ctx.model.summary(),
         "engine": f"{prep.ctx.install.name} {prep.ctx.install.version} "
         f"({prep.ctx.install.build})",
-        "space": {p.name: _describe(p) for p in prep.params},
+        "space": {p.name: describe(p) for p in prep.params},
         "fixed": prep.fixed,
         "trials": cfg.trials,
         "time_budget": cfg.time_budget,
@@ -601,7 +602,7 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
             stop_reason = "every grid point has been tried"
             break
         trial = study.ask(dists)
-        params = {**_tidy(trial.params, prep.params), **prep.fixed}
+        params = {**tidy(trial.params, prep.params), **prep.fixed}
         violations = prep.engine.check(params, prep.ctx)
         reason = "invalid_config"
         learned = _learned_refusal(study, params)
@@ -758,7 +759,7 @@ def _start_design(prep: Prepared, study: optuna.Study, reporter: Reporter) -> No
         return  # every tuned parameter is the seed's: the design would repeat it
 
     def valid(point: dict[str, Any]) -> bool:
-        full = {**_tidy({**point, **anchor}, prep.params), **prep.fixed}
+        full = {**tidy({**point, **anchor}, prep.params), **prep.fixed}
         if prep.engine.check(full, prep.ctx):
             return False
         est = _estimate(prep, full)
@@ -834,7 +835,7 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
     defaults are re-measured with them, so the improvement the profile claims
     compares medians taken in the same rounds, and the defaults win when
     nothing beats them again."""
-    from qtune.bench import _bootstrap_median, measure
+    from qtune.bench import measure
 
     cfg = prep.cfg
     recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
@@ -866,7 +867,7 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
             except ServerError:
                 failures[r.number] += 1  # does not restart reliably
                 continue
-            v = objective_value(summary, cfg.objective)
+            v = get_objective(cfg.objective).value(summary)
             if v is not None and summary["failed"] == 0:
                 values[r.number].append(v)
             else:
@@ -874,7 +875,7 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
     result = {}
     for n, vals in values.items():
         all_vals = [study.trials[n].value, *vals]
-        med, lo, hi = _bootstrap_median([float(v) for v in all_vals])
+        med, lo, hi = bootstrap_median([float(v) for v in all_vals])
         result[str(n)] = {"values": all_vals, "median": med, "failures": failures[n],
                           "ci95": [lo, hi] if lo is not None else None}
     study.set_user_attr("confirmation", {**previous, **result})
@@ -1028,7 +1029,7 @@ def _run_trial_inner(
         # Pruned mid-measurement: tell TPE how far it got, not a full value.
         done = summary["completed"] + summary["failed"]
         planned = cfg.workload.requests or done
-        partial = objective_value(summary, cfg.objective)
+        partial = get_objective(cfg.objective).value(summary)
         # Optuna has no intermediate values for multi-objective studies.
         if partial is not None and not math.isnan(partial) and prep.direction != "pareto":
             trial.report(partial, step=done)
@@ -1074,7 +1075,7 @@ def _constraints(cfg: TuneConfig, summary: dict[str, Any]) -> dict[str, float]:
 def _values(prep: Prepared, summary: dict[str, Any]) -> list[float]:
     """What the study is told: [objective], or [throughput, latency] for
     pareto."""
-    value = objective_value(summary, prep.cfg.objective)
+    value = get_objective(prep.cfg.objective).value(summary)
     if value is None or math.isnan(value):
         # Nothing succeeded: no latency to rank.  Worst possible value keeps
         # the trial informative without a NaN (which Optuna marks FAIL).
@@ -1152,18 +1153,6 @@ def _add_level_point(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
     reporter.trial_done(added, _best(study))
 
 
-def objective_value(summary: dict[str, Any], objective: str) -> float | None:
-    """The objective's value; for pareto, its latency (throughput is the
-    other value)."""
-    objective = pareto_latency(objective) or objective
-    if objective == "goodput":
-        return (summary.get("goodput") or {}).get("request_goodput")
-    if objective == "capacity":
-        cap = summary.get("capacity") or {}
-        return float(cap["value"]) if cap.get("found") else 0.0
-    return metric_value(summary, objective)
-
-
 def _measure(prep: Prepared, spec: Any, n: int, reporter: Reporter, baseline: bool,
              best_value: float | None) -> dict[str, Any]:
     """One trial's measurement on a ready server: the workload once, or a
@@ -1187,7 +1176,7 @@ def _measure(prep: Prepared, spec: Any, n: int, reporter: Reporter, baseline: bo
             progress=progress)
         summary["capacity"] = cap
         return summary
-    watch = None if baseline else make_pruner(prep, best_value)
+    watch = None if baseline else make_pruner(cfg, best_value)
     return measure(spec.base_url, spec.served_model, cfg.workload, bcfg,
                    progress=progress, watch=watch)
 
@@ -1221,6 +1210,25 @@ def _best(study: optuna.Study, pick: int | None = None) -> TrialRecord | None:
     return min(feas, key=lambda r: sign * r.value)  # type: ignore[operator]
 
 
+def winner(study: optuna.Study, pick: int | None = None) -> TrialRecord | None:
+    """The trial a study's profile is written from, for the search and
+    ``qtune report`` alike: trial ``pick`` when given; else, once the top
+    configs were re-measured, the best *median* over the confirmation
+    repeats; else the best single run (``_best``)."""
+    best = _best(study, pick)
+    confirmation = study.user_attrs.get("confirmation") or {}
+    if best is None or not confirmation or pick is not None:
+        return best
+    maximize = len(study.directions) == 1 and \
+        study.direction == optuna.study.StudyDirection.MAXIMIZE
+    sign = -1 if maximize else 1
+    # A config whose re-run failed (start or requests) cannot win while
+    # another re-ran cleanly.
+    clean = [k for k, c in confirmation.items() if not c.get("failures")]
+    n = min(clean or list(confirmation), key=lambda k: sign * confirmation[k]["median"])
+    return next(TrialRecord.from_frozen(t) for t in ran_trials(study) if t.number == int(n))
+
+
 def pareto_front(recs: list[TrialRecord]) -> list[TrialRecord]:
     """Trials no other trial beats on both throughput and latency, by
     throughput (ascending)."""
@@ -1250,7 +1258,7 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     cfg = prep.cfg
     trials = [TrialRecord.from_frozen(t) for t in ran_trials(study)]
     _export_trials(study, prep.study_dir / "trials.csv")
-    best = _best(study, cfg.pick)
+    best = winner(study, cfg.pick)
     feasible = [r for r in trials if r.feasible and r.status == "ok"]
     front = pareto_front(feasible) if prep.direction == "pareto" else []
     front_view = _front_view(front, pareto_latency(cfg.objective) or "") if front else None
@@ -1262,16 +1270,6 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
             hint=("pick one of trials " + ", ".join(map(str, choices))) if choices
             else "no trial can be picked yet: run more trials",
         )
-    confirmation = study.user_attrs.get("confirmation") or {}
-    if best is not None and confirmation and cfg.pick is None:
-        # The winner is the best *median* over the confirmation repeats.
-        sign = -1 if prep.direction == "maximize" else 1
-        # A config whose re-run failed (start or requests) cannot win while
-        # another re-ran cleanly.
-        clean = [k for k, c in confirmation.items() if not c.get("failures")]
-        n = min(clean or list(confirmation),
-                key=lambda k: sign * confirmation[k]["median"])
-        best = next(r for r in trials if r.number == int(n))
     # With --levels, the defaults at the best point's own load.
     level = best.load_level if best is not None else None
     baseline = next((r for r in trials if r.baseline and r.status == "ok"
@@ -1313,12 +1311,39 @@ def _front_view(front: list[TrialRecord], latency: str) -> list[dict[str, Any]]:
             for r in front]
 
 
+def trials_frame(study: optuna.Study) -> Any:
+    """The trials as a table: the CSV next to the study and `qtune report`'s."""
+    import pandas as pd
+
+    rows = []
+    for t in ran_trials(study):
+        r = TrialRecord.from_frozen(t)
+        s = r.summary or {}
+        row: dict[str, Any] = {
+            "trial": r.number, "baseline": r.baseline, "status": r.status,
+            "reason": r.reason, "value": r.value, "feasible": r.feasible,
+            "startup_s": r.startup_s, "measure_s": r.measure_s, "detail": r.detail,
+        }
+        if r.load_level is not None:  # --levels: the load, and whose server
+            row["load_level"], row["server_of"] = r.load_level, r.server_of
+        row.update({f"param.{k}": v for k, v in r.params.items()})
+        for m in ("ttft", "tpot", "itl", "e2e"):
+            for p in ("p50", "p90", "p99"):
+                row[f"{m}_{p}_ms"] = (s.get(f"{m}_ms") or {}).get(p)
+        row["req_per_s"] = s.get("request_throughput")
+        row["out_tok_per_s"] = s.get("output_token_throughput")
+        row["failed"] = s.get("failed")
+        rows.append(row)
+    if not rows:  # a study with no trial yet: the columns, no rows
+        return pd.DataFrame(columns=["trial", "baseline", "status", "reason", "value",
+                                     "feasible", "startup_s", "measure_s", "detail",
+                                     "req_per_s", "out_tok_per_s", "failed"])
+    return pd.DataFrame(rows)
+
+
 def _export_trials(study: optuna.Study, path: Path) -> None:
-    # The same table `qtune report` shows (imported here: report imports us).
     # qtune's own file under studies/: replaced even if read-only, but never
     # through a link or over a device (write_atomic checks).
-    from qtune.report import trials_frame
-
     write_atomic(path, trials_frame(study).to_csv(index=False), force=True,
                  what="trials table")
 

@@ -1,5 +1,5 @@
 """The one config object a search runs from, and the parsers of its texts
-(``--slo``, ``--objective``, ``--space FILE``)."""
+(``--space FILE``, ``--levels``; ``--slo`` and ``--objective``: qtune.objectives)."""
 
 from __future__ import annotations
 
@@ -11,110 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from qtune.engines.base import Param
-from qtune.errors import InputError, StudyError, mask_url, printable
+from qtune.errors import InputError, StudyError, printable
 from qtune.load.workload import Workload
+from qtune.objectives import SLO
 from qtune.yamlfile import read_mapping
-
-OBJECTIVES = {
-    "e2e_p99": "minimize",
-    "ttft_p99": "minimize",
-    "tpot_p99": "minimize",
-    "itl_p99": "minimize",
-    "e2e_p50": "minimize",
-    "ttft_p50": "minimize",
-    "tpot_p50": "minimize",
-    "throughput": "maximize",
-    "output_throughput": "maximize",
-    "goodput": "maximize",  # good requests/s under --slo
-    "capacity": "maximize",  # highest rate meeting --slo (one server per trial)
-}
-_SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
-
-
-@dataclass(frozen=True)
-class SLO:
-    metric: str  # e.g. "ttft_p99" or "throughput"
-    op: str  # "<=" or ">="
-    limit: float  # ms for latencies, req/s for throughput
-
-    def violation(self, value: float | None) -> float:
-        """≤ 0 when met (Optuna's constraint convention); missing → violated."""
-        if value is None:
-            return 1.0
-        return value - self.limit if self.op == "<=" else self.limit - value
-
-    def __str__(self) -> str:
-        unit = "ms" if self.metric != "throughput" else "req/s"
-        return f"{self.metric}{self.op}{self.limit:g}{unit}"
-
-
-def parse_slo(text: str | None) -> list[SLO]:
-    """``ttft_p99<=500ms,tpot_p99<=50ms,e2e_p99<=3s,throughput>=2``."""
-    if not text:
-        return []
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        m = re.fullmatch(
-            r"(?P<metric>[a-z_0-9]+)\s*(?P<op><=|>=|<|>)\s*"
-            r"(?P<num>[0-9]*\.?[0-9]+)\s*(?P<unit>ms|s|req/s|rps)?",
-            part,
-        )
-        if not m:
-            raise InputError(
-                f"--slo: cannot read {part!r}",
-                hint="write e.g. --slo 'ttft_p99<=500ms,tpot_p99<=50ms,e2e_p99<=3s'",
-            )
-        metric = m["metric"]
-        op = "<=" if "<" in m["op"] else ">="
-        value = float(m["num"])
-        if metric == "throughput":
-            if op != ">=":
-                raise InputError("--slo: throughput takes >=", hint="throughput>=5")
-        else:
-            base, _, pct = metric.rpartition("_")
-            if base not in _SLO_METRICS or pct not in ("p50", "p90", "p99", "mean"):
-                raise InputError(
-                    f"--slo: unknown metric {metric!r}",
-                    hint="use ttft|tpot|itl|e2e with _p50/_p90/_p99/_mean, or "
-                    "throughput",
-                )
-            if op != "<=":
-                raise InputError(f"--slo: {metric} takes <=", hint=f"{metric}<=500ms")
-            if m["unit"] == "s":
-                value *= 1000.0
-            elif m["unit"] not in (None, "ms"):
-                raise InputError(f"--slo: {metric} is a time", hint="use ms or s")
-        out.append(SLO(metric, op, value))
-    return out
-
-
-def pareto_latency(name: str) -> str | None:
-    """``pareto`` or ``pareto:<latency>``: the latency metric traded against
-    throughput (default e2e_p99); None for a single objective."""
-    if name != "pareto" and not name.startswith("pareto:"):
-        return None
-    metric = name.partition(":")[2] or "e2e_p99"
-    if OBJECTIVES.get(metric) != "minimize":
-        raise InputError(
-            f"--objective {name}: {metric!r} is not a latency percentile",
-            hint="e.g. pareto (throughput vs e2e_p99) or pareto:ttft_p99; latencies: "
-            + ", ".join(k for k, v in OBJECTIVES.items() if v == "minimize"),
-        )
-    return metric
-
-
-def check_objective(name: str) -> str:
-    """The direction: minimize, maximize, or pareto (two objectives)."""
-    if pareto_latency(name):
-        return "pareto"
-    if name not in OBJECTIVES:
-        close = difflib.get_close_matches(name, OBJECTIVES, n=3)
-        raise InputError(
-            f"--objective: unknown objective {name!r}",
-            hint="choose one of " + ", ".join(close or [*OBJECTIVES, "pareto"]),
-        )
-    return OBJECTIVES[name]
 
 
 @dataclass
@@ -358,28 +258,6 @@ def check_config(cfg: TuneConfig) -> None:
                          hint="qtune report STUDY lists the trials")
     if cfg.study is not None:
         check_study_name(cfg.study)
-
-
-def check_url(url: str, flag: str = "--url") -> str:
-    """An http(s) URL with a host and a valid port; refused with the URL's
-    password masked."""
-    from urllib.parse import urlsplit
-
-    shown = printable(mask_url(url))
-    hint = "e.g. http://127.0.0.1:8000 (the server's base URL)"
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError for "80x" or 99999
-    except ValueError as exc:
-        why = "bad port" if "port" in str(exc).lower() else "cannot parse it"
-        raise InputError(f"{flag} {shown}: {why}", hint=hint) from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InputError(f"{flag} {shown}: not an http(s) URL with a host", hint=hint)
-    if port == 0:
-        raise InputError(f"{flag} {shown}: bad port", hint=hint)
-    if printable(url) != url:
-        raise InputError(f"{flag} {shown}: holds control characters", hint=hint)
-    return url
 
 
 def parse_levels(text: str | None) -> tuple[float, ...]:

@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from qtune.search import Prepared
+from qtune.metrics import percentile_exceeds_for_sure
+from qtune.objectives import get_objective
+from qtune.search.config import TuneConfig
 
 
-def make_pruner(prep: Prepared, best_value: float | None) -> Any:
+def make_pruner(cfg: TuneConfig, best_value: float | None) -> Any:
     """Stop a measurement as soon as the trial cannot win: its objective
     percentile will exceed the best so far by more than ``prune_margin``, an
     SLO percentile its limit, or a request failed (infeasible).  The
     percentile test is exact (``percentile_exceeds_for_sure``), so no trial
     that could still land within the margin is dropped."""
-    from qtune.metrics import percentile_exceeds_for_sure
-
-    cfg = prep.cfg
     planned = cfg.workload.requests
     targets: list[tuple[str, float, float, str]] = []
     base, _, pct = cfg.objective.rpartition("_")
-    if (planned and best_value is not None and prep.direction == "minimize"
-            and pct.startswith("p") and base in ("ttft", "e2e", "tpot")):
+    if planned and best_value is not None and get_objective(cfg.objective).prunable:
         margin = cfg.prune_margin
         targets.append((base, float(pct[1:]), best_value * (1 + margin),
                         f"{cfg.objective} cannot beat the best"

@@ -18,7 +18,7 @@ from qtune.engines.base import Param
 from qtune.errors import InputError
 
 
-def _tidy(values: dict[str, Any], params: list[Param]) -> dict[str, Any]:
+def tidy(values: dict[str, Any], params: list[Param]) -> dict[str, Any]:
     """The values to launch with.  Stepped floats come back as
     0.7899999999999999: round them to their step, so the engine, the profile
     and the unit see 0.79.  ``pow2`` ints go to the nearest power of two in
@@ -173,7 +173,7 @@ def grid_values(params: list[Param]) -> dict[str, list[Any]]:
     return grid
 
 
-def _describe(p: Param) -> str:
+def describe(p: Param) -> str:
     if p.kind in ("int", "float"):
         return f"{p.low:g}..{p.high:g}" + (" (log)" if p.log else "")
     if p.kind == "bool":

@@ -412,13 +412,13 @@ def test_shape_without_metrics_and_at_fixed_concurrency(cpu_ctx):
 
 
 def test_gpu_batched_tokens_are_powers_of_two(cpu_ctx):
-    from qtune.search.space import _tidy
+    from qtune.search.space import tidy
 
     space = VLLM().space(_gpu_ctx(cpu_ctx))
     mnbt = next(p for p in space if p.name == "max_num_batched_tokens")
     assert mnbt.pow2
-    assert _tidy({"max_num_batched_tokens": 5000}, space)["max_num_batched_tokens"] == 4096
-    assert _tidy({"max_num_batched_tokens": 40960}, space)["max_num_batched_tokens"] == 32768
+    assert tidy({"max_num_batched_tokens": 5000}, space)["max_num_batched_tokens"] == 4096
+    assert tidy({"max_num_batched_tokens": 40960}, space)["max_num_batched_tokens"] == 32768
     cpu = next(p for p in VLLM().space(cpu_ctx) if p.name == "max_num_batched_tokens")
     assert not cpu.pow2
 

@@ -9,44 +9,8 @@ from qtune.errors import InputError
 from qtune.search.config import (
     SpaceOverride,
     apply_overrides,
-    check_objective,
     load_space_file,
-    parse_slo,
 )
-
-
-def test_parse_slo_units_and_ops():
-    slos = parse_slo("ttft_p99<=500ms, tpot_p99<=50ms,e2e_p99<=3s,throughput>=2.5")
-    assert [(s.metric, s.op, s.limit) for s in slos] == [
-        ("ttft_p99", "<=", 500.0),
-        ("tpot_p99", "<=", 50.0),
-        ("e2e_p99", "<=", 3000.0),
-        ("throughput", ">=", 2.5),
-    ]
-    assert slos[0].violation(400.0) == -100.0
-    assert slos[0].violation(600.0) == 100.0
-    assert slos[3].violation(3.0) == -0.5
-    assert slos[0].violation(None) > 0  # no measurement cannot meet an SLO
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["ttft<=500ms", "ttft_p99=500", "ttft_p99>=5ms", "throughput<=3", "foo_p99<=1ms",
-     "ttft_p99<=5req/s", "ttft_p99<=abc"],
-)
-def test_parse_slo_rejects(text):
-    with pytest.raises(InputError) as e:
-        parse_slo(text)
-    assert e.value.hint
-
-
-def test_objective():
-    assert check_objective("e2e_p99") == "minimize"
-    assert check_objective("throughput") == "maximize"
-    with pytest.raises(InputError) as e:
-        check_objective("e2e_p98")
-    assert "e2e_p99" in e.value.hint
-
 
 PARAMS = [
     Param("max_num_seqs", "int", low=4, high=256, log=True),
@@ -143,16 +107,6 @@ def test_initial_design_is_a_latin_hypercube():
     assert all(p["seqs"] >= 8 for p in ok)
 
 
-def test_pareto_objective():
-    from qtune.search.config import pareto_latency
-
-    assert check_objective("pareto") == "pareto" and pareto_latency("pareto") == "e2e_p99"
-    assert pareto_latency("pareto:ttft_p99") == "ttft_p99"
-    assert pareto_latency("e2e_p99") is None
-    with pytest.raises(InputError, match="not a latency"):
-        check_objective("pareto:throughput")
-
-
 @pytest.mark.parametrize("name", ["s", "qwen3-4b.v2_x", "a" * 120])
 def test_study_name_accepts(name):
     from qtune.search.config import check_study_name
@@ -216,7 +170,7 @@ def test_levels_must_be_finite(text):
     ("http://[::1", "cannot parse"), ("http://h\n:80/", "control"),
 ])
 def test_check_url(url, needle):
-    from qtune.search.config import check_url
+    from qtune.bench import check_url
 
     with pytest.raises(InputError, match=re.escape(needle)):
         check_url(url)
@@ -226,7 +180,7 @@ def test_check_url(url, needle):
 
 
 def test_check_url_accepts():
-    from qtune.search.config import check_url
+    from qtune.bench import check_url
 
     for u in ("http://127.0.0.1:8000", "https://h/v1", "http://u:p@h:1", "http://[::1]:8"):
         assert check_url(u) == u

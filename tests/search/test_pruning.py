@@ -36,13 +36,12 @@ def test_objective_pruning_leaves_the_margin_to_noise():
     miss it by more than --prune-margin (SLO limits stay exact)."""
     from types import SimpleNamespace
 
-    from qtune.search.config import parse_slo
+    from qtune.objectives import parse_slo
     from qtune.search.pruning import make_pruner
 
     def prep(margin, slo=""):
-        cfg = SimpleNamespace(objective="e2e_p99", workload=SimpleNamespace(requests=100),
-                              slo=parse_slo(slo) if slo else [], prune_margin=margin)
-        return SimpleNamespace(cfg=cfg, direction="minimize")
+        return SimpleNamespace(objective="e2e_p99", workload=SimpleNamespace(requests=100),
+                               slo=parse_slo(slo) if slo else [], prune_margin=margin)
 
     def done(*e2e_s):
         return [SimpleNamespace(e2e=v, ttft=0.01, tpot=0.001, error=None, ok=True)

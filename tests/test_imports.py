@@ -1,0 +1,85 @@
+"""The module graph of qtune/: no module imports one that imports it back
+(directly or through others, counting imports inside functions and under
+TYPE_CHECKING), and no private name (``_x``) is imported from another
+module: what two modules share is public, or lives below both."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1] / "qtune"
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def graph(root: Path) -> tuple[dict[str, set[str]], list[str]]:
+    """Edges module -> imported qtune modules, and the private imports."""
+    files = {module_name(p, root): p for p in root.rglob("*.py")}
+    edges: dict[str, set[str]] = {m: set() for m in files}
+    private = []
+    for mod, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                edges[mod] |= {a.name for a in node.names if a.name in files}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and \
+                    (node.module or "").split(".")[0] == root.name:
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    # "from qtune.search import config" imports a module
+                    edges[mod].add(sub if sub in files else node.module)
+                    if sub not in files and a.name.startswith("_") \
+                            and not a.name.startswith("__"):
+                        private.append(f"{mod}: from {node.module} import {a.name}")
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                private.append(f"{mod}: relative import (use qtune.* names)")
+    return edges, private
+
+
+def cycles(edges: dict[str, set[str]]) -> list[str]:
+    out = []
+    for start in sorted(edges):
+        seen, stack = set(), [(start, [start])]
+        while stack:
+            mod, path = stack.pop()
+            for nxt in sorted(edges.get(mod, ())):
+                if nxt == start:
+                    out.append(" -> ".join([*path, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    return out
+
+
+def test_no_import_cycle():
+    edges, _ = graph(ROOT)
+    assert cycles(edges) == []
+
+
+def test_no_private_name_crosses_modules():
+    _, private = graph(ROOT)
+    assert private == []
+
+
+@pytest.mark.parametrize("files, bad", [
+    ({"a.py": "def f():\n    from pkg.b import g\n", "b.py": "from pkg.a import f\n"},
+     "cycle"),
+    ({"a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import B\n",
+      "b.py": "from pkg import a\n"}, "cycle"),
+    ({"a.py": "from pkg.b import _helper\n", "b.py": "def _helper(): ...\n"}, "private"),
+    ({"a.py": "from pkg.b import helper, __doc__\n", "b.py": "def helper(): ...\n"}, None),
+])
+def test_the_checks_catch_what_they_are_for(tmp_path, files, bad):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    edges, private = graph(pkg)
+    assert bool(cycles(edges)) is (bad == "cycle")
+    assert bool(private) is (bad == "private")
