@@ -533,7 +533,7 @@ def _in_flight(load: LoadView, base: Mapping[str, Any]) -> float | None:
         return float(peak)
     rate, e2e = load.rate, (base.get("e2e_ms") or {}).get("p50")
     if rate and e2e:
-        return rate * e2e / 1000
+        return rate * float(e2e) / 1000
     return None
 
 

@@ -17,7 +17,7 @@ def make_pruner(prep: Prepared, best_value: float | None) -> Any:
     from qtune.metrics import percentile_exceeds_for_sure
 
     cfg = prep.cfg
-    planned = cfg.workload.requests
+    planned = cfg.workload.requests or 0  # 0: no count planned, no percentile target
     targets: list[tuple[str, float, float, str]] = []
     base, _, pct = cfg.objective.rpartition("_")
     if (planned and best_value is not None and prep.direction == "minimize"

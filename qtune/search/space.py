@@ -34,7 +34,7 @@ def _tidy(values: dict[str, Any], params: list[Param]) -> dict[str, Any]:
             out[k] = round(v, digits)
         elif p.kind == "int" and p.pow2 and v > 0:
             powers = [2**e for e in range(0, 31)
-                      if p.low <= 2**e <= p.high]  # type: ignore[operator]
+                      if p.low <= 2**e <= p.high]
             if powers:
                 out[k] = min(powers, key=lambda c: abs(math.log2(c) - math.log2(v)))
     return out
