@@ -335,7 +335,7 @@ class VLLM:
         floor = None
         for p in params:
             if p.name == "max_num_seqs" and p.kind == "int":
-                lo, hi = int(p.low), int(p.high)  # type: ignore[arg-type]
+                lo, hi = (int(b) for b in p.bounds)
                 if load.concurrency:
                     # The client never has more in flight: a larger batch
                     # limit cannot change anything.
