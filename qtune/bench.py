@@ -23,7 +23,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from qtune.errors import InputError, mask_url, printable
 from qtune.load import run_load
@@ -347,6 +347,11 @@ def _step(x: float, s: dict[str, Any], ok: bool, why: str) -> dict[str, Any]:
 _PROBE_SEED_STRIDE = 104_729
 
 
+class _Window(TypedDict):
+    s: float  # each rate probe's arrival window
+    service_s: float | None  # the first probe's E2E median, once measured
+
+
 def find_capacity(
     url: str, model: str, cfg: BenchConfig, progress: Progress | None = None
 ) -> dict[str, Any]:
@@ -365,7 +370,7 @@ def find_capacity(
     by_rate = wl.concurrency is None
     steps: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []  # each step's whole measurement
-    window = {"s": cfg.capacity_window, "service_s": None}
+    window: _Window = {"s": cfg.capacity_window, "service_s": None}
 
     def requests_for(x: float, scale: float = 1.0) -> int | None:
         if not by_rate:

@@ -468,7 +468,7 @@ def _uneven_replicas(sv: dict[str, Any] | None) -> str | None:
     Measured on 2xH200: 142/52 running in the start whose p99 was 2.7x the
     others', 47/49 normally."""
     bal = (sv or {}).get("held_balance")
-    if bal is None or bal >= 2 / 3:
+    if sv is None or bal is None or bal >= 2 / 3:
         return None
     engines = sv["engines"]
     if min(e.get("requests", 0) for e in engines) < _MIN_REQUESTS_PER_ENGINE or \

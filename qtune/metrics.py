@@ -184,7 +184,7 @@ def keeps_up(samples: list[RequestSample], offered: float) -> dict[str, Any]:
         return {"served_share": None, "held_growth": None, "ttft_growth": None,
                 "window_s": w}
     a, b = t0 + w / 3, t0 + 2 * w / 3
-    done = sum(1 for s in ok if a <= s.start + s.e2e <= t1)
+    done = sum(1 for s in ok if s.e2e is not None and a <= s.start + s.e2e <= t1)
     held = in_flight_at_sends(samples)
     mid = [n for t, n in held if a <= t < b]
     last = [n for t, n in held if t >= b]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up, then run the whole test suite: fast unit tests plus a few
-# end-to-end tests that start a real vLLM (about 6 minutes on 2 cores).
+# Set up, lint (ruff), type-check (mypy --strict on qtune/), then run the
+# whole test suite: fast unit tests plus a few end-to-end tests that start a
+# real vLLM (about 6 minutes on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -12,4 +13,11 @@ if ! command -v docker-compose >/dev/null && [ "$(id -u)" = 0 ]; then
   # Compose files are checked by docker-compose's own `config` (no engine needed).
   apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-compose >/dev/null
 fi
+# The habits the house keeps, checked before the tests: lint (benchmarks
+# are scripts but are read like the package) and strict types on qtune/.
+.venv/bin/python -m ruff check qtune tests benchmarks || {
+  echo "error: scripts/test.sh: ruff check failed (step: lint)" >&2; exit 1; }
+.venv/bin/python -m mypy || {
+  echo "error: scripts/test.sh: mypy failed (step: type check, config in pyproject.toml)" >&2
+  exit 1; }
 exec .venv/bin/python -m pytest -q "$@"

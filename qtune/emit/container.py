@@ -23,6 +23,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import Any
 
 import yaml
 
@@ -70,7 +71,7 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
-def dump(header: list[str], docs: list[dict]) -> str:
+def dump(header: list[str], docs: list[dict[str, Any]]) -> str:
     """Header comment lines, then the documents through the YAML dumper (which
     quotes whatever a value holds: ``---``, ``#``, ``: ``, quotes)."""
     head = "".join(f"# {one_line(line)}\n" for line in header)

@@ -48,6 +48,14 @@ class Param:
         if self.kind == "choice" and not self.choices:
             raise ValueError(f"{self.name}: no choices")
 
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """``(low, high)`` of an int or float parameter, which
+        ``__post_init__`` made sure are set; the type checker cannot see that."""
+        if self.low is None or self.high is None:
+            raise ValueError(f"{self.name}: a {self.kind} parameter has no range")
+        return self.low, self.high
+
 
 @dataclass(frozen=True)
 class LaunchSpec:

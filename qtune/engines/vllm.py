@@ -335,7 +335,7 @@ class VLLM:
         floor = None
         for p in params:
             if p.name == "max_num_seqs" and p.kind == "int":
-                lo, hi = int(p.low), int(p.high)  # type: ignore[arg-type]
+                lo, hi = (int(b) for b in p.bounds)
                 if load.concurrency:
                     # The client never has more in flight: a larger batch
                     # limit cannot change anything.
@@ -533,7 +533,7 @@ def _in_flight(load: LoadView, base: Mapping[str, Any]) -> float | None:
         return float(peak)
     rate, e2e = load.rate, (base.get("e2e_ms") or {}).get("p50")
     if rate and e2e:
-        return rate * e2e / 1000
+        return rate * float(e2e) / 1000
     return None
 
 

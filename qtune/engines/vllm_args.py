@@ -69,7 +69,8 @@ def engine_args(install: EngineInstall, timeout: float = 180.0) -> dict[str, Any
     path = cache_dir() / "engines" / f"vllm-{install.version}-{install.build}-args-v2.json"
     if path.is_file():
         try:
-            return json.loads(path.read_text())
+            cached: dict[str, Any] = json.loads(path.read_text())
+            return cached
         except ValueError:
             pass
     try:
@@ -81,7 +82,7 @@ def engine_args(install: EngineInstall, timeout: float = 180.0) -> dict[str, Any
                 None)
     if proc.returncode != 0 or line is None:
         return None
-    data = json.loads(line[len("QTUNE-ARGS"):])
+    data: dict[str, Any] = json.loads(line[len("QTUNE-ARGS"):])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(path) + ".tmp")
     tmp.write_text(json.dumps(data))

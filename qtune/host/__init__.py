@@ -431,11 +431,11 @@ def capture(dest: Path, *, root: Path = Path("/"), nvml: Any = None) -> int:
         bdf = g.pci_bus_id.lower()
         bdf = bdf[4:] if len(bdf.split(":")[0]) == 8 else bdf
         for name in ("numa_node", "local_cpulist"):
-            src = root / "sys/bus/pci/devices" / bdf / name
-            if src.exists():
-                out = dest / src.relative_to(root)
+            dev_file = root / "sys/bus/pci/devices" / bdf / name
+            if dev_file.exists():
+                out = dest / dev_file.relative_to(root)
                 out.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, out)
+                shutil.copyfile(dev_file, out)
                 n += 1
     (dest / "nvml.json").write_text(json.dumps(record_nvml(nvml), indent=1) + "\n")
     (dest / "gpus.json").write_text(

@@ -77,6 +77,7 @@ def _sys_numa(root: Path, bus_id: str) -> tuple[int | None, list[int]]:
 def read_gpus(nvml: Any = None, root: Path = Path("/")) -> GPUReport:
     if nvml is None:
         try:
+            # [no-redef]: the module takes the place of the `nvml` argument (tests pass a fake).
             import pynvml as nvml  # type: ignore[no-redef]
         except ImportError:
             return GPUReport([], None, None, "nvidia-ml-py is not installed")
@@ -150,6 +151,7 @@ def record_nvml(nvml: Any = None) -> dict[str, Any]:
     ``tests/host/nvml_replay.py`` answers the same calls from this record."""
     if nvml is None:
         try:
+            # [no-redef]: the module takes the place of the `nvml` argument (tests pass a fake).
             import pynvml as nvml  # type: ignore[no-redef]
         except ImportError:
             return {"error": "nvidia-ml-py is not installed"}

@@ -98,7 +98,7 @@ def find_engines(python: str) -> InstalledEngines:
             build = "cpu"
         pypath = os.environ.get("PYTHONPATH")
         loc = facts.get("vllm_location") or ""
-        needs = bool(pypath) and any(
+        needs = pypath is not None and any(
             p and loc.startswith(os.path.abspath(p)) for p in pypath.split(os.pathsep))
         engines.append(EngineInstall("vllm", v["version"], build, python, loc or None,
                                      pypath if needs else None))

@@ -207,8 +207,8 @@ async def _phase(
                     t.cancel()
                 await asyncio.gather(runner, *tasks, return_exceptions=True)
                 break
-        if not runner.cancelled() and runner.exception() is not None:
-            raise runner.exception()  # type: ignore[misc]
+        if not runner.cancelled() and (exc := runner.exception()) is not None:
+            raise exc
     end = max((s.start + (s.e2e or 0.0) for s in samples), default=t0)
     first = min((s.start for s in samples), default=t0)
     return samples, max(end - first, 1e-9), stopped

@@ -874,7 +874,9 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
                 failures[r.number] += 1
     result = {}
     for n, vals in values.items():
-        all_vals = [study.trials[n].value, *vals]
+        first = study.trials[n].value
+        assert first is not None  # top holds only trials with a value
+        all_vals = [first, *vals]
         med, lo, hi = bootstrap_median([float(v) for v in all_vals])
         result[str(n)] = {"values": all_vals, "median": med, "failures": failures[n],
                           "ci95": [lo, hi] if lo is not None else None}
@@ -1251,7 +1253,8 @@ def knee(front: list[TrialRecord]) -> TrialRecord | None:
     def norm(v: float, vs: list[float]) -> float:
         return (v - min(vs)) / (max(vs) - min(vs)) if max(vs) > min(vs) else 0.0
 
-    return max(front, key=lambda r: norm(r.values[0], thr) - norm(r.values[1], lat))
+    best = max(range(len(front)), key=lambda i: norm(thr[i], thr) - norm(lat[i], lat))
+    return front[best]
 
 
 def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:

@@ -144,6 +144,8 @@ def apply_overrides(
             high = spec.get("high", p.high)
             for v in (low, high):
                 _check_value(p, v, where)
+            # _check_value rejects None for a numeric kind; this tells the checker.
+            assert low is not None and high is not None
             if low > high:
                 raise InputError(f"{where}: low {low} > high {high}", hint="swap them")
             if bool(spec.get("log", p.log)) and low <= 0:

@@ -15,7 +15,7 @@ def make_pruner(cfg: TuneConfig, best_value: float | None) -> Any:
     SLO percentile its limit, or a request failed (infeasible).  The
     percentile test is exact (``percentile_exceeds_for_sure``), so no trial
     that could still land within the margin is dropped."""
-    planned = cfg.workload.requests
+    planned = cfg.workload.requests or 0  # 0: no count planned, no percentile target
     targets: list[tuple[str, float, float, str]] = []
     base, _, pct = cfg.objective.rpartition("_")
     if planned and best_value is not None and get_objective(cfg.objective).prunable:

@@ -34,7 +34,7 @@ def tidy(values: dict[str, Any], params: list[Param]) -> dict[str, Any]:
             out[k] = round(v, digits)
         elif p.kind == "int" and p.pow2 and v > 0:
             powers = [2**e for e in range(0, 31)
-                      if p.low <= 2**e <= p.high]  # type: ignore[operator]
+                      if p.bounds[0] <= 2**e <= p.bounds[1]]
             if powers:
                 out[k] = min(powers, key=lambda c: abs(math.log2(c) - math.log2(v)))
     return out
@@ -72,7 +72,7 @@ def _at(p: Param, u: float) -> Any:
         return u >= 0.5
     if p.kind == "choice":
         return p.choices[min(int(u * len(p.choices)), len(p.choices) - 1)]
-    lo, hi = float(p.low), float(p.high)  # type: ignore[arg-type]
+    lo, hi = (float(b) for b in p.bounds)
     v = math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo))) if p.log \
         else lo + u * (hi - lo)
     if p.kind == "int":
@@ -87,10 +87,10 @@ def distributions(params: list[Param]) -> dict[str, BaseDistribution]:
     out: dict[str, BaseDistribution] = {}
     for p in params:
         if p.kind == "int":
-            out[p.name] = IntDistribution(int(p.low), int(p.high), log=p.log)  # type: ignore[arg-type]
+            out[p.name] = IntDistribution(int(p.bounds[0]), int(p.bounds[1]), log=p.log)
         elif p.kind == "float":
             out[p.name] = FloatDistribution(
-                float(p.low), float(p.high), log=p.log,  # type: ignore[arg-type]
+                float(p.bounds[0]), float(p.bounds[1]), log=p.log,
                 step=None if p.log else p.step,
             )
         elif p.kind == "bool":
@@ -160,13 +160,13 @@ def grid_values(params: list[Param]) -> dict[str, list[Any]]:
             grid[p.name] = list(p.choices)
         elif p.kind == "int" and p.log:
             vals, v = [], 1
-            while v <= p.high:  # type: ignore[operator]
-                if v >= p.low:  # type: ignore[operator]
+            while v <= p.bounds[1]:
+                if v >= p.bounds[0]:
                     vals.append(v)
                 v *= 2
-            grid[p.name] = vals or [int(p.low)]  # type: ignore[arg-type]
+            grid[p.name] = vals or [int(p.bounds[0])]
         else:
-            lo, hi = float(p.low), float(p.high)  # type: ignore[arg-type]
+            lo, hi = (float(b) for b in p.bounds)
             vals_f = [lo + (hi - lo) * i / 4 for i in range(5)]
             grid[p.name] = sorted({int(round(v)) if p.kind == "int" else round(v, 3)
                                    for v in vals_f})
