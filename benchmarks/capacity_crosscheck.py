@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_view_ab import _VLLM_BENCH  # noqa: E402
+from server_view_ab import vllm_bench_serve  # noqa: E402
 
 
 def qtune_bench(url: str, model: str, tok: str, *args: str) -> dict[str, Any]:
@@ -46,20 +46,8 @@ def qtune_bench(url: str, model: str, tok: str, *args: str) -> dict[str, Any]:
 
 def vllm_bench(a: argparse.Namespace, url: str, model: str, tok: str, rate: float,
                n: int, seed: int, work: Path) -> dict[str, Any]:
-    out = work / f"vllm-{seed}.json"
-    cmd = [sys.executable, "-c", _VLLM_BENCH, "--backend", "openai", "--base-url", url,
-           "--endpoint", "/v1/completions", "--model", model, "--tokenizer", tok,
-           "--dataset-name", "random", "--random-input-len", str(a.input_len),
-           "--random-output-len", str(a.output_len), "--random-range-ratio", "0",
-           "--num-prompts", str(n), "--request-rate", str(rate), "--seed", str(seed),
-           "--ignore-eos", "--temperature", "0", "--num-warmups", str(a.warmup),
-           "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-           "--save-result", "--result-dir", str(work), "--result-filename", out.name,
-           "--disable-tqdm"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
-    if r.returncode != 0:
-        raise SystemExit(f"vllm bench serve failed: {r.stderr[-3000:]}")
-    return json.loads(out.read_text())
+    return vllm_bench_serve(sys.executable, url, model, tok, a.input_len, a.output_len,
+                            rate, n, a.warmup, seed, work)
 
 
 def reset_cache(url: str) -> None:

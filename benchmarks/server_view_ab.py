@@ -88,22 +88,31 @@ _VLLM_BENCH = (
 )
 
 
-def run_vllm(a: argparse.Namespace, seed: int, work: Path) -> dict[str, Any]:
+def vllm_bench_serve(python: str, url: str, model: str, tokenizer: str, input_len: int,
+                     output_len: int, rate: float, n: int, warmup: int, seed: int,
+                     work: Path) -> dict[str, Any]:
+    """``vllm bench serve`` on its random dataset; its saved result."""
     out = work / f"vllm-{seed}.json"
-    cmd = [a.vllm_python, "-c", _VLLM_BENCH,
-           "--backend", "openai", "--base-url", a.url, "--endpoint", "/v1/completions",
-           "--model", a.model, "--tokenizer", a.tokenizer, "--dataset-name", "random",
-           "--random-input-len", str(a.input_len), "--random-output-len",
-           str(a.output_len), "--random-range-ratio", "0", "--num-prompts",
-           str(a.requests), "--request-rate", str(a.rate), "--seed", str(seed),
-           "--ignore-eos", "--temperature", "0", "--num-warmups", str(a.warmup),
+    cmd = [python, "-c", _VLLM_BENCH,
+           "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+           "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
+           "--random-input-len", str(input_len), "--random-output-len",
+           str(output_len), "--random-range-ratio", "0", "--num-prompts",
+           str(n), "--request-rate", str(rate), "--seed", str(seed),
+           "--ignore-eos", "--temperature", "0", "--num-warmups", str(warmup),
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
            "--save-result", "--result-dir", str(work), "--result-filename", out.name,
            "--disable-tqdm"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
     if r.returncode != 0:
         raise SystemExit(f"vllm bench serve failed: {r.stderr[-3000:]}")
-    d = json.loads(out.read_text())
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def run_vllm(a: argparse.Namespace, seed: int, work: Path) -> dict[str, Any]:
+    d = vllm_bench_serve(a.vllm_python, a.url, a.model, a.tokenizer, a.input_len,
+                         a.output_len, a.rate, a.requests, a.warmup, seed, work)
     rep = {}
     for k in KEYS:
         m, p = k.rsplit("_", 1)

@@ -33,24 +33,30 @@ def metrics(engines: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+async def _serve(texts: list[str]) -> tuple[web.AppRunner, str]:
+    """A /metrics endpoint answering each text once, in order."""
+    pages = iter(texts)
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(text=next(pages))
+
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
+
+
 def watch(texts: list[str]) -> dict | None:
     """Scrape each text once, in order, as the watcher would over a run: the
     first before the phase, the others during it, then the last once more
     after it (an after-scrape reads an idle server: it must not count)."""
     async def main() -> dict | None:
-        pages = iter(texts)
-
-        async def handler(request: web.Request) -> web.Response:
-            return web.Response(text=next(pages))
-
-        app = web.Application()
-        app.router.add_get("/metrics", handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        w = MetricsWatcher(f"http://{host}:{port}", interval=3600)
+        runner, url = await _serve(texts)
+        w = MetricsWatcher(url, interval=3600)
         try:
             async with aiohttp.ClientSession() as session:
                 for i, _ in enumerate(texts):
@@ -131,22 +137,11 @@ def test_counters_before_and_after_only_give_no_peaks():
     """Without scrapes during the phase, gauges say nothing: no peak is
     invented from an idle server, while the counters are exact."""
     async def main() -> dict | None:
-        pages = iter([
+        runner, url = await _serve([
             metrics({"0": {"generation_tokens": 100, "num_requests_running": 0}}),
             metrics({"0": {"generation_tokens": 900, "num_requests_running": 0}}),
         ])
-
-        async def handler(request: web.Request) -> web.Response:
-            return web.Response(text=next(pages))
-
-        app = web.Application()
-        app.router.add_get("/metrics", handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        w = MetricsWatcher(f"http://{host}:{port}")
+        w = MetricsWatcher(url)
         try:
             await w.start()
             return await w.stop()
