@@ -126,3 +126,19 @@ def test_torn_journal_refused_with_a_repair_that_works(tmp_path):
     assert len(optuna.load_study(study_name="s",
                                  storage=open_storage(f"journal://{path}")).trials) == 1
 
+
+
+def test_trials_table_masks_tokens_in_failure_details():
+    """A failure's detail is a server log line; a token in it never reaches
+    the CSV (issue 14: secrets never land in a CSV)."""
+    import optuna
+
+    from qtune.search import trials_frame
+
+    study = optuna.create_study()
+    study.add_trial(optuna.trial.create_trial(
+        state=optuna.trial.TrialState.FAIL, params={}, distributions={},
+        user_attrs={"status": "startup_failed", "reason": "crash",
+                    "detail": "401 for token hf_abcdefghijklmnop", "launch_params": {}}))
+    csv = trials_frame(study).to_csv(index=False)
+    assert "hf_abcdefghijklmnop" not in csv and "***" in csv

@@ -39,6 +39,7 @@ from qtune.errors import (
     StudyError,
     mask_url,
     printable,
+    redact,
 )
 from qtune.files import check_target, write_atomic
 from qtune.host import HostFacts, placement, probe
@@ -1325,7 +1326,10 @@ def trials_frame(study: optuna.Study) -> Any:
         row: dict[str, Any] = {
             "trial": r.number, "baseline": r.baseline, "status": r.status,
             "reason": r.reason, "value": r.value, "feasible": r.feasible,
-            "startup_s": r.startup_s, "measure_s": r.measure_s, "detail": r.detail,
+            # A failure's detail is a line of the server's log: masked like
+            # every text qtune writes (a token in a log line stays out).
+            "startup_s": r.startup_s, "measure_s": r.measure_s,
+            "detail": redact(r.detail) if r.detail else r.detail,
         }
         if r.load_level is not None:  # --levels: the load, and whose server
             row["load_level"], row["server_of"] = r.load_level, r.server_of
