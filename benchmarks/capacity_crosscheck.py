@@ -36,7 +36,7 @@ from server_view_ab import vllm_bench_serve  # noqa: E402
 
 def qtune_bench(url: str, model: str, tok: str, *args: str) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "qtune", "bench", "--url", url, "--model", model,
-           "--tokenizer", tok, "--json", *args]
+           "--tokenizer", tok, "--json", "--reset-prefix-cache", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
     sys.stderr.write(r.stderr[-1500:])
     if r.returncode not in (0, 3):

@@ -56,6 +56,12 @@ class BenchConfig:
     # this many seconds over a connection of their own; None: counters only,
     # before and after.
     gauge_interval: float | None = field(default_factory=lambda: default_gauge_interval())
+    # Empty the server's prefix cache before each measured phase (where the
+    # engine offers it): on by default for the servers qtune launches (search,
+    # verify); `qtune bench` asks first (--reset-prefix-cache), since it
+    # changes a server qtune does not own.  Fresh prompts and the hit-rate
+    # check guard the phase either way.
+    reset_cache: bool = True
 
 
 Progress = Callable[[str], None]
@@ -183,7 +189,8 @@ def measure(
     res = asyncio.run(run_load(url, model, wl, tokenizer=cfg.tokenizer, progress=tick,
                                max_inflight=max_inflight,
                                scrape_metrics=cfg.scrape_metrics, watch=watch,
-                               gauge_interval=cfg.gauge_interval, reset_cache=fresh))
+                               gauge_interval=cfg.gauge_interval,
+                               reset_cache=fresh and cfg.reset_cache))
     s = summarize(res.samples, res.duration)
     s["warmup_requests"] = len(res.warmup)
     s["warmup_s"] = res.warmup_s

@@ -317,6 +317,11 @@ def bench(
         "seconds (each also runs at least 10 service times).")] = 20.0,
     no_metrics: Annotated[bool, typer.Option(
         "--no-server-metrics", help="Do not read the server's /metrics.")] = False,
+    reset_prefix_cache: Annotated[bool, typer.Option(
+        help="Empty the server's prefix cache before each measured run, where it "
+        "offers that (vLLM with VLLM_SERVER_DEV_MODE=1, SGLang). Off by default: it "
+        "changes a server qtune did not start. Runs use fresh prompts either way.")
+    ] = False,
     gauge_interval: Annotated[float | None, typer.Option(
         min=0.0, max=3600.0, help="Read the server's gauges (running, waiting, KV use) "
         "every S seconds during the run, over a connection of their own; 0: counters "
@@ -349,7 +354,7 @@ def bench(
                       slo=parse_slo(slo), repeat=repeat, find_capacity=find_capacity,
                       scrape_metrics=not no_metrics, capacity_window=capacity_window,
                       gauge_interval=default_gauge_interval() if gauge_interval is None
-                      else gauge_interval or None)
+                      else gauge_interval or None, reset_cache=reset_prefix_cache)
     with console.Status() as status:
         res = run_bench(cfg, progress=status.update)
     if csv is not None:
