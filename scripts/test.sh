@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up, lint (ruff), type-check (mypy --strict on qtune/), then run the
 # whole test suite: fast unit tests plus a few end-to-end tests that start a
-# real vLLM (about 6 minutes on 2 cores).
+# real vLLM (649 tests: 25 minutes of tests on 2 cores, 32 with the setup, at 1f6f5b7).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
