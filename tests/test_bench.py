@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -18,68 +17,45 @@ from aiohttp import web
 from qtune.bench import BenchConfig, find_capacity, run_bench
 from qtune.load.workload import Workload
 from qtune.objectives import parse_slo
+from tests.load._sse_server import Threaded
 
 ROOT = Path(__file__).parent.parent
 SERVICE = 0.01  # seconds per request, serialized: capacity ≈ 100 req/s
 
 
-class QueueServer:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+def queue_server() -> Threaded:
+    """One engine with a queue: requests served one at a time, SERVICE s each."""
+    lock = asyncio.Lock()  # bound to the server's loop at first use
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        lock = asyncio.Lock()
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "queue-model", "root": None}]})
 
-        async def models(request: web.Request) -> web.Response:
-            return web.json_response({"data": [{"id": "queue-model", "root": None}]})
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        async with lock:
+            await asyncio.sleep(SERVICE)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        n = body["max_tokens"]
+        for _ in range(n):
+            chunk = {"choices": [{"index": 0, "text": " x"}]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        usage = {"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n}}
+        await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
 
-        async def completions(request: web.Request) -> web.StreamResponse:
-            body = await request.json()
-            async with lock:
-                await asyncio.sleep(SERVICE)
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await resp.prepare(request)
-            n = body["max_tokens"]
-            for _ in range(n):
-                chunk = {"choices": [{"index": 0, "text": " x"}]}
-                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            usage = {"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n}}
-            await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
-            await resp.write(b"data: [DONE]\n\n")
-            return resp
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text="vllm:num_preemptions_total 3\n"
+                                 "vllm:kv_cache_usage_perc 0.25\n")
 
-        async def metrics(request: web.Request) -> web.Response:
-            return web.Response(text="vllm:num_preemptions_total 3\n"
-                                     "vllm:kv_cache_usage_perc 0.25\n")
-
-        app = web.Application()
-        app.router.add_get("/v1/models", models)
-        app.router.add_get("/metrics", metrics)
-        app.router.add_post("/v1/completions", completions)
-        runner = web.AppRunner(app, access_log=None)
-        self.loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        self.ready.set()
-        self.loop.run_forever()
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        self.ready.wait(10)
-        return self.url
-
-    def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
+    return Threaded({"GET /v1/models": models, "GET /metrics": metrics,
+                     "POST /v1/completions": completions})
 
 
 @pytest.fixture(scope="module")
 def server():
-    with QueueServer() as url:
+    with queue_server() as url:
         yield url
 
 
@@ -234,7 +210,6 @@ def test_bench_exits_non_zero_and_says_why_when_every_request_fails():
         request.transport.close()  # the server drops the connection
         return web.Response()
 
-    from tests.load._sse_server import Threaded
 
     with Threaded({"GET /v1/models": _models("m"),
                    "POST /v1/completions": completions}) as url:
@@ -262,7 +237,6 @@ def test_usage_counts_not_believed_are_flagged_and_throughput_stays_sane():
             "prompt_tokens": 4, "completion_tokens": -5000}}) + DONE)
         return resp
 
-    from tests.load._sse_server import Threaded
 
     with Threaded({"GET /v1/models": _models("m"),
                    "POST /v1/completions": completions}) as url:
@@ -280,7 +254,7 @@ def test_usage_counts_not_believed_are_flagged_and_throughput_stays_sane():
 
 
 def _counting_app(tmp_path, **kw):
-    from tests.load._sse_server import CountingServer, Threaded, bpe_tokenizer
+    from tests.load._sse_server import CountingServer, bpe_tokenizer
 
     folder = tmp_path / "model"
     srv = CountingServer(bpe_tokenizer(folder), **kw)
