@@ -652,10 +652,10 @@ def test_report_reads_torn_journal_without_writing(tmp_path):
 def test_bench_masks_url_everywhere(tmp_path):
     """The human header, --json ``urls`` and the CSV's url column of a real
     run against a stand-in server: the password never appears."""
-    from tests.test_bench import QueueServer
+    from tests.test_bench import queue_server
 
     env = Env(tmp_path)
-    with QueueServer() as url:
+    with queue_server() as url:
         secret_url = url.replace("http://", f"http://user:{SECRET}@")
         common = ["bench", "--url", secret_url, "--model", "queue-model",
                   "--repeat", "2", "--concurrency", "2", "--requests", "4",
