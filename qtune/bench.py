@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
+from qtune.engines import any_engine_cache_reset_paths, any_engine_metric_names
 from qtune.errors import InputError, mask_url, printable
+from qtune.launch import MetricNames
 from qtune.load import run_load
 from qtune.load.workload import ServerTokenizer, Workload
 from qtune.metrics import goodput, in_flight_at_sends, keeps_up, metric_value, summarize
@@ -62,6 +64,11 @@ class BenchConfig:
     # changes a server qtune does not own.  Fresh prompts and the hit-rate
     # check guard the phase either way.
     reset_cache: bool = True
+    # The engine's side of the measurement, from its adapter (search and
+    # verify pass their engine's); for an endpoint qtune did not launch, what
+    # the registered engines offer.
+    metric_names: MetricNames | None = field(default_factory=any_engine_metric_names)
+    reset_paths: tuple[str, ...] = field(default_factory=any_engine_cache_reset_paths)
 
 
 Progress = Callable[[str], None]
@@ -190,7 +197,8 @@ def measure(
                                max_inflight=max_inflight,
                                scrape_metrics=cfg.scrape_metrics, watch=watch,
                                gauge_interval=cfg.gauge_interval,
-                               reset_cache=fresh and cfg.reset_cache))
+                               reset_cache=fresh and cfg.reset_cache,
+                               metric_names=cfg.metric_names, reset_paths=cfg.reset_paths))
     s = summarize(res.samples, res.duration)
     s["warmup_requests"] = len(res.warmup)
     s["warmup_s"] = res.warmup_s

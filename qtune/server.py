@@ -41,9 +41,9 @@ from typing import Any
 
 import psutil
 
-from qtune.engines.base import LaunchSpec
 from qtune.errors import ServerError
 from qtune.guard import TMP_VAR
+from qtune.launch import LaunchSpec
 
 _LIVE: set[Server] = set()
 _LIVE_LOCK = threading.Lock()

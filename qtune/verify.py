@@ -55,9 +55,7 @@ def profile_context(profile: Profile) -> SpaceContext:
     if not path or not Path(path).is_dir():
         raise ModelError(f"the profile's model folder {path} is missing",
                          hint="verify runs on the host the profile was tuned for")
-    mml = None
-    if "--max-model-len" in profile.argv:
-        mml = int(profile.argv[profile.argv.index("--max-model-len") + 1])
+    mml = get_engine(profile.engine.name).max_model_len(profile.argv)
     # Serve under the profile's name: the defaults side must answer to the
     # same model name the measurement asks for.
     model = dataclasses.replace(resolve_model(path),
@@ -137,7 +135,9 @@ def measure_sides(
                     ready = server.wait_ready(startup_timeout, classify=engine.classify)
                     w = dataclasses.replace(wl, seed=wl.seed + r)
                     cfg = BenchConfig(urls=[spec.base_url], workload=w, model=served,
-                                      tokenizer=ctx.model.tokenizer_dir, slo=slo or [])
+                                      tokenizer=ctx.model.tokenizer_dir, slo=slo or [],
+                                      metric_names=engine.metric_names(),
+                                      reset_paths=engine.cache_reset_paths())
 
                     def tick(text: str, side: Side = side, r: int = r) -> None:
                         if progress:

@@ -37,8 +37,8 @@ def render(profile: Profile, image: str | None = None) -> str:
     svc["volumes"] = [
         {"type": "bind", "source": _esc(m.host), "target": _esc(m.container), "read_only": True}
         for m in c.mounts] + [
-        # compile caches: faster restarts
-        {"type": "volume", "source": "vllm-cache", "target": "/root/.cache/vllm"}]
+        # the engine's caches (compiled kernels): faster restarts
+        {"type": "volume", "source": v.name, "target": v.path} for v in c.caches]
     if c.cpus:
         svc["cpuset"] = c.cpus
     if c.gpus:
@@ -53,6 +53,8 @@ def render(profile: Profile, image: str | None = None) -> str:
     }
     svc["restart"] = "unless-stopped"
     svc["stop_grace_period"] = "2m"
-    doc = {"services": {c.name: svc}, "volumes": {"vllm-cache": {}}}
+    doc: dict[str, Any] = {"services": {c.name: svc}}
+    if c.caches:
+        doc["volumes"] = {v.name: {} for v in c.caches}
     return dump(c.header + ["secrets: HF_TOKEN comes from the shell that runs compose, "
                             "never from this file"], [doc])

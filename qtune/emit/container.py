@@ -2,8 +2,9 @@
 
 Both start the same command the profile was tuned with (``python3 -m
 <module> <engine args>``) inside the engine's published image, so the
-image's own entrypoint (``vllm serve`` in recent vLLM images) does not
-matter.  What has to change between the host and a container:
+image's own entrypoint does not matter.  The image and the engine's cache
+folders come from its adapter (``Engine.image``, ``Engine.cache_volumes``).
+What has to change between the host and a container:
 
 - the model and tokenizer folders are host paths: they are mounted read-only
   and the arguments rewritten to the container paths.  A Hugging Face cache
@@ -29,15 +30,10 @@ import yaml
 
 from qtune.emit.common import one_line, start_timeout, summary_lines
 from qtune.engines import ENGINES, gpus_used
+from qtune.engines.base import CacheVolume
 from qtune.errors import InputError
 from qtune.profile import Profile
 
-# Published images per engine build; the tag pins the version the profile
-# was tuned on (never :latest).  --image overrides.
-_IMAGES = {
-    ("vllm", "cuda"): "vllm/vllm-openai:v{version}",
-    ("vllm", "cpu"): "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v{version}",
-}
 _HOST_ONLY_ENV = {"PYTHONPATH"}
 _CACHE_IN_IMAGE = "/root/.cache/huggingface"
 
@@ -62,6 +58,7 @@ class Container:
     cpus: str | None = None  # cpuset from the probe's NUMA placement
     start_timeout_s: int = 600
     header: list[str] = field(default_factory=list)
+    caches: tuple[CacheVolume, ...] = ()  # the engine's cache folders: volumes
 
 
 class _Dumper(yaml.SafeDumper):
@@ -127,15 +124,16 @@ def container_view(profile: Profile, image: str | None = None) -> Container:
             "container formats re-run that module in the engine's image",
             hint="use --format systemd for this profile",
         )
+    engine = ENGINES.get(profile.engine.name)
     if image is None:
-        pattern = _IMAGES.get((profile.engine.name, profile.engine.build))
-        if pattern is None:
+        # The tag pins the version the profile was tuned on (never :latest).
+        image = engine.image(profile.engine.build, profile.engine.version) if engine else None
+        if image is None:
             raise InputError(
                 f"no published image known for {profile.engine.name} "
                 f"({profile.engine.build})",
                 hint="name one with --image REPO:TAG",
             )
-        image = pattern.format(version=profile.engine.version.split("+")[0])
     mounts: list[Mount] = []
     args: list[str] = []
     port = 8000
@@ -180,11 +178,11 @@ def container_view(profile: Profile, image: str | None = None) -> Container:
         args=args,
         env=env,
         port=port,
-        gpus=gpus_used(ENGINES.get(profile.engine.name), profile.params)
-        if profile.engine.build == "cuda" else 0,
+        gpus=gpus_used(engine, profile.params) if profile.engine.build == "cuda" else 0,
         mounts=mounts,
         cpus=place.get("cpus") if place.get("numa_node") is not None else None,
         start_timeout_s=start_timeout(profile),
         header=header,
+        caches=engine.cache_volumes() if engine else (),
     )
 

@@ -52,8 +52,9 @@ def render(profile: Profile, image: str | None = None) -> str:
     for m in c.mounts:
         mounts.append({"name": m.name, "mountPath": m.container, "readOnly": True})
         volumes.append({"name": m.name, "hostPath": {"path": m.host, "type": "Directory"}})
-    mounts.append({"name": "vllm-cache", "mountPath": "/root/.cache/vllm"})
-    volumes.append({"name": "vllm-cache", "emptyDir": {}})
+    for cache in c.caches:
+        mounts.append({"name": cache.name, "mountPath": cache.path})
+        volumes.append({"name": cache.name, "emptyDir": {}})
     health = {"httpGet": {"path": "/health", "port": "http"}}
     container: dict[str, Any] = {
         "name": "engine",

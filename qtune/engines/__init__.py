@@ -5,18 +5,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from qtune.engines.base import Engine
+from qtune.engines.base import Engine, MetricNames
 from qtune.engines.vllm import VLLM
 from qtune.errors import InputError
 
 ENGINES: dict[str, Engine] = {"vllm": VLLM()}
+DEFAULT_ENGINE = "vllm"
 
 
 def gpus_used(engine: Engine | None, params: Mapping[str, Any]) -> int:
-    """GPUs a config occupies: the adapter's ``gpus_used`` (optional in the
-    protocol), 1 when it has none."""
-    used = getattr(engine, "gpus_used", None)
-    return used(params) if used else 1
+    """GPUs a config occupies: the adapter's ``gpus_used``, 1 for an engine
+    qtune has no adapter for (a profile from elsewhere)."""
+    return engine.gpus_used(params) if engine is not None else 1
+
+
+def any_engine_metric_names() -> MetricNames | None:
+    """Metric names for an endpoint qtune did not launch (``qtune bench``):
+    the default engine's."""
+    return ENGINES[DEFAULT_ENGINE].metric_names()
+
+
+def any_engine_cache_reset_paths() -> tuple[str, ...]:
+    """Prefix-cache reset paths for an endpoint qtune did not launch: every
+    adapter's, in registry order, each once."""
+    return tuple(dict.fromkeys(p for e in ENGINES.values() for p in e.cache_reset_paths()))
 
 
 def get_engine(name: str) -> Engine:

@@ -12,14 +12,22 @@ Lifecycle of one trial, and who owns each step:
 
 from __future__ import annotations
 
+import abc
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from qtune.estimate import Estimate
 from qtune.host import HostFacts
 from qtune.host.installed import EngineInstall
+from qtune.launch import LaunchSpec, MetricNames
 from qtune.model import ModelInfo
+
+__all__ = [
+    "CacheVolume", "Engine", "Failure", "FixedArgs", "LaunchSpec", "LoadView",
+    "MetricNames", "Param", "SpaceContext", "classify_by_patterns",
+]
 
 
 @dataclass(frozen=True)
@@ -55,36 +63,6 @@ class Param:
         if self.low is None or self.high is None:
             raise ValueError(f"{self.name}: a {self.kind} parameter has no range")
         return self.low, self.high
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """Everything ``qtune.server`` needs to start and watch one server."""
-
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    host: str
-    port: int
-    served_model: str
-    health_path: str = "/health"
-    models_path: str = "/v1/models"
-    # Log lines after which the server will never become ready even though
-    # its process may linger (vLLM's API server can hang after its engine
-    # core died): the runner stops waiting as soon as one appears.
-    fatal_patterns: tuple[str, ...] = ()
-    # Log lines that show the server waiting, not progressing (vLLM's engine
-    # core repeats one while its workers are silent): a start whose log shows
-    # nothing else for long is hung, not slow.
-    idle_patterns: tuple[str, ...] = ()
-    # Defaults for runs on this host only, never part of a profile (the
-    # caller's environment and ``env`` win): the runner gives each server a
-    # private TMPDIR, removed with it, so an engine that keeps a cache under
-    # the temp dir points it back at the shared one here.
-    host_env: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -133,48 +111,117 @@ class FixedArgs:
     env: dict[str, str] = field(default_factory=dict)
 
 
-class Engine(Protocol):
+@dataclass(frozen=True)
+class CacheVolume:
+    """A folder the engine writes caches to (compiled kernels, graphs): a
+    container deploy keeps it in a volume so a restart starts warm."""
+
+    name: str  # volume name
+    path: str  # where the engine writes it inside its image
+
+
+class Engine(abc.ABC):
+    """An inference engine adapter.  Subclasses implement the abstract
+    methods; every other method is an optional hook whose default says "this
+    engine has nothing to add here", so an engine is one file (a subclass)
+    and one line in ``qtune.engines.ENGINES``.  Only the adapter names the
+    engine's flags, metric names, image, cache paths and log lines."""
+
     name: str
 
+    # Required
+
+    @abc.abstractmethod
     def space(self, ctx: SpaceContext) -> list[Param]:
         """The tunables for this host, model and build."""
-        ...
 
+    @abc.abstractmethod
     def baseline(self, ctx: SpaceContext) -> tuple[dict[str, Any], str | None]:
         """Params for the engine-defaults baseline trial (normally ``{}``) and
         a note when something had to be set for the defaults to start here."""
-        ...
 
+    @abc.abstractmethod
     def check(self, params: Mapping[str, Any], ctx: SpaceContext) -> list[str]:
         """Violated hard constraints (the engine would refuse to start)."""
-        ...
+
+    @abc.abstractmethod
+    def launch_spec(
+        self, params: Mapping[str, Any], ctx: SpaceContext, *, host: str, port: int
+    ) -> LaunchSpec:
+        """The command, environment and log patterns that start ``params``
+        (its ``fatal_patterns`` and ``idle_patterns`` are the engine's log
+        lines the runner watches for)."""
+
+    @abc.abstractmethod
+    def classify(self, log_text: str) -> Failure:
+        """Why a start failed, from its log (``classify_by_patterns``)."""
+
+    # Optional hooks
+
+    def read_args(self, install: EngineInstall) -> dict[str, Any] | None:
+        """The installed engine's own arguments, ``{dest: {flag, kind,
+        default, choices}}`` (``SpaceContext.engine_args``).  Default: None,
+        "not known", and the adapter uses its built-in facts."""
+        return None
 
     def shape(
         self, params: list[Param], ctx: SpaceContext, load: LoadView
     ) -> tuple[list[Param], dict[str, Any], list[str]]:
         """Narrow the space with what the load and the defaults run showed:
         (params, values fixed instead of tuned, one note per change).  Only
-        parameters the user did not set in ``--space`` are passed in."""
-        ...
+        parameters the user did not set in ``--space`` are passed in.
+        Default: the params unchanged, nothing fixed, no note."""
+        return params, {}, []
 
-    def launch_spec(
-        self, params: Mapping[str, Any], ctx: SpaceContext, *, host: str, port: int
-    ) -> LaunchSpec:
-        ...
+    def seeds(self, params: list[Param], ctx: SpaceContext,
+              fixed: Mapping[str, Any] | None = None) -> list[tuple[dict[str, Any], str]]:
+        """Informed first points ``(point, why)``: a few of the tuned params
+        set, the rest at the engine's defaults or the user's fixed values, run
+        right after the baseline, before the sampler's own.  Default: none."""
+        return []
 
-    def classify(self, log_text: str) -> Failure:
-        ...
+    def memory_asks(self, failure_detail: str) -> tuple[str, ...]:
+        """The params by which a config asks for memory at start, when a
+        start failed because it asked for more than was free (any larger ask
+        fails too): the search then refuses, without a launch, configs that
+        ask at least as much.  Default: () (no failure is read that way)."""
+        return ()
 
-    # Optional: ``memory_asks(failure_detail) -> tuple[str, ...]``, the params
-    # by which a config asks for memory at start, when a start failed because
-    # it asked for more than was free (any larger ask fails too).  The search
-    # then refuses, without a launch, configs that ask at least as much.
-    # Optional: ``seeds(params, ctx, fixed) -> list[(point, why)]``, informed
-    # first points (a few of the tuned params set, the rest at the engine's
-    # defaults or the user's fixed values) run right after the baseline,
-    # before the sampler's own.
-    # Optional: ``gpus_used(params) -> int``, the GPUs a config occupies (for
-    # NUMA placement); 1 when absent.
+    def estimate(self, params: Mapping[str, Any], ctx: SpaceContext) -> Estimate | None:
+        """Will this config fit in memory (``qtune.estimate``)?  Default:
+        None, no prediction: every config is launched."""
+        return None
+
+    def gpus_used(self, params: Mapping[str, Any]) -> int:
+        """GPUs a config occupies (NUMA placement, deploy resources).
+        Default: 1."""
+        return 1
+
+    def metric_names(self) -> MetricNames | None:
+        """The names of the engine's Prometheus metrics (``/metrics``).
+        Default: None, the server view is not read."""
+        return None
+
+    def cache_reset_paths(self) -> tuple[str, ...]:
+        """Paths that empty the server's prefix cache on a POST, tried in
+        order, before a measured phase.  Default: () (not offered)."""
+        return ()
+
+    def max_model_len(self, argv: Sequence[str]) -> int | None:
+        """The context length a launch command sets explicitly, read back
+        from a profile's argv (``qtune verify``).  Default: None (not set)."""
+        return None
+
+    def image(self, build: str, version: str) -> str | None:
+        """The engine's published container image for ``build`` at
+        ``version`` (the container emitters; ``--image`` overrides).
+        Default: None, no image known."""
+        return None
+
+    def cache_volumes(self) -> tuple[CacheVolume, ...]:
+        """Folders a container of this engine writes caches to.  Default:
+        none."""
+        return ()
 
 
 def classify_by_patterns(

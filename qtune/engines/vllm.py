@@ -22,19 +22,24 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from qtune.engines.base import (
+    CacheVolume,
+    Engine,
     Failure,
     LaunchSpec,
     LoadView,
+    MetricNames,
     Param,
     SpaceContext,
     classify_by_patterns,
 )
+from qtune.engines.vllm_args import engine_args
 from qtune.estimate import Estimate, GiB, estimate_cpu, estimate_gpu
 from qtune.host import NO_MULTICAST
+from qtune.host.installed import EngineInstall
 
 # Root-cause strings from the startup log → failure class.  Order matters:
 # the wrapper error ("Engine core initialization failed") comes last.
@@ -109,6 +114,27 @@ _IDLE = (r"No available shared memory broadcast block found",)
 # pin stays for versions without that pass name.
 _FI_ALLREDUCE = "VLLM_FLASHINFER_ALLREDUCE_BACKEND"
 
+# Prometheus names (engines.md §4.2), with the older aliases accepted.
+_METRICS = MetricNames(
+    kv_cache_usage="vllm:kv_cache_usage_perc",
+    requests_waiting="vllm:num_requests_waiting",
+    requests_running="vllm:num_requests_running",
+    preemptions="vllm:num_preemptions",
+    prefix_cache_queries="vllm:prefix_cache_queries",
+    prefix_cache_hits="vllm:prefix_cache_hits",
+    prompt_tokens="vllm:prompt_tokens",
+    generation_tokens="vllm:generation_tokens",
+    request_success="vllm:request_success",
+    aliases={"vllm:kv_cache_usage_perc": ("vllm:gpu_cache_usage_perc",)},
+)
+
+# Published images per build; the tag pins the version the profile was
+# tuned on (never :latest).
+_IMAGES = {
+    "cuda": "vllm/vllm-openai:v{version}",
+    "cpu": "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v{version}",
+}
+
 
 def _pow2_between(lo: int, hi: int) -> list[int]:
     out, v = [], 1
@@ -119,8 +145,33 @@ def _pow2_between(lo: int, hi: int) -> list[int]:
     return out
 
 
-class VLLM:
+class VLLM(Engine):
     name = "vllm"
+
+    def read_args(self, install: EngineInstall) -> dict[str, Any] | None:
+        """Read from the installed vLLM's argparse (``vllm_args``, cached)."""
+        return engine_args(install)
+
+    def metric_names(self) -> MetricNames:
+        return _METRICS
+
+    def cache_reset_paths(self) -> tuple[str, ...]:
+        """Offered only with VLLM_SERVER_DEV_MODE=1, which trial servers get
+        (``launch_spec``'s host_env)."""
+        return ("/reset_prefix_cache",)
+
+    def max_model_len(self, argv: Sequence[str]) -> int | None:
+        if "--max-model-len" in argv[:-1]:
+            return int(argv[list(argv).index("--max-model-len") + 1])
+        return None
+
+    def image(self, build: str, version: str) -> str | None:
+        pattern = _IMAGES.get(build)
+        return pattern.format(version=version.split("+")[0]) if pattern else None
+
+    def cache_volumes(self) -> tuple[CacheVolume, ...]:
+        # compile caches: faster restarts
+        return (CacheVolume("vllm-cache", "/root/.cache/vllm"),)
 
     def space(self, ctx: SpaceContext) -> list[Param]:
         mml = ctx.effective_max_model_len
@@ -223,8 +274,7 @@ class VLLM:
             params = [p for p in params if p.target == "env" or p.name in ctx.engine_args]
         return params
 
-    @staticmethod
-    def seeds(params: list[Param], ctx: SpaceContext,
+    def seeds(self, params: list[Param], ctx: SpaceContext,
               fixed: Mapping[str, Any] | None = None) -> list[tuple[dict[str, Any], str]]:
         """On a multi-GPU host, the engine defaults with as many replicas as
         the GPUs hold (one per GPU, or per TP group when the user fixed
@@ -272,8 +322,7 @@ class VLLM:
             out["compilation_config"] = json.dumps(user, separators=(",", ":"))
         return out
 
-    @staticmethod
-    def gpus_used(params: Mapping[str, Any]) -> int:
+    def gpus_used(self, params: Mapping[str, Any]) -> int:
         """GPUs a config occupies: tensor x pipeline ranks per replica, x
         data-parallel replicas.  Pipeline parallelism is never searched, but a
         user may fix it (``--set pipeline_parallel_size=2``)."""

@@ -15,13 +15,14 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from qtune.launch import MetricNames
 from qtune.load.client import RequestSample, build_body, sample_checks, send
 from qtune.load.workload import (
     PromptFactory,
@@ -226,6 +227,8 @@ async def run_load(
     watch: Watcher | None = None,
     gauge_interval: float | None = None,
     reset_cache: bool = False,
+    metric_names: MetricNames | None = None,
+    reset_paths: Sequence[str] = (),
 ) -> LoadResult:
     """Warm up, then measure.  ``max_inflight`` (rate mode) stops the
     measured phase early once that many requests wait at once; ``watch``
@@ -233,7 +236,9 @@ async def run_load(
     reads the server's counters before and after the measured phase (and its
     gauges every ``gauge_interval`` s during it, when given);
     ``reset_cache`` empties the server's prefix cache before the measured
-    phase where the server offers that (``LoadResult.cache_reset``)."""
+    phase where the server offers that (``LoadResult.cache_reset``).  The
+    engine's side comes from its adapter: ``metric_names`` (without them
+    no counters are read) and ``reset_paths`` (tried in order)."""
     path = "/v1/chat/completions" if wl.endpoint == "chat" else "/v1/completions"
     url = base_url.rstrip("/") + path
     # Reused connections must not outlive the server's idle timeout: aiohttp
@@ -253,12 +258,13 @@ async def run_load(
                 None, wl.seed + 1, "warm-up", progress, None,
             )
         warmup_s = time.perf_counter() - w0
-        cache_reset = await _reset_prefix_cache(session, base_url) if reset_cache else None
+        cache_reset = (await _reset_prefix_cache(session, base_url, reset_paths)
+                       if reset_cache else None)
         watcher = None
-        if scrape_metrics:
+        if scrape_metrics and metric_names is not None:
             from qtune.load.prometheus import MetricsWatcher
 
-            watcher = MetricsWatcher(base_url, gauge_interval)
+            watcher = MetricsWatcher(base_url, metric_names, gauge_interval)
             await watcher.start()
         source = await asyncio.to_thread(RequestSource, wl, tokenizer, wl.seed)
         samples, duration, stopped = await _phase(
@@ -271,17 +277,14 @@ async def run_load(
                       checks=sample_checks(samples, wl.endpoint))
 
 
-# Where an engine empties its prefix cache on request: vLLM (only with
-# VLLM_SERVER_DEV_MODE=1), SGLang.  Tried in order; the first 200 wins.
-_CACHE_RESET_PATHS = ("/reset_prefix_cache", "/flush_cache")
-
-
-async def _reset_prefix_cache(session: aiohttp.ClientSession, base_url: str) -> bool:
-    """Empty the server's prefix cache, if it offers a way; True when done.
+async def _reset_prefix_cache(session: aiohttp.ClientSession, base_url: str,
+                              paths: Sequence[str]) -> bool:
+    """Empty the server's prefix cache, if it offers a way (one of the
+    engine's ``paths``, tried in order: the first 200 wins); True when done.
     Fresh prompts already keep a phase from hitting the cache; this also
     drops what a previous phase left, so the hit-rate check reads only the
     phase itself."""
-    for path in _CACHE_RESET_PATHS:
+    for path in paths:
         try:
             async with session.post(base_url.rstrip("/") + path,
                                     timeout=aiohttp.ClientTimeout(total=30)) as r:

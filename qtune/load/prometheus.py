@@ -14,8 +14,9 @@ of 160 requests lost to ServerDisconnectedError) where the same load without
 it saw 28-38 ms (shared/reference/measured.md).  ``benchmarks/server_view_ab.py``
 measures the schemes against each other and against vLLM's own client.
 
-Names are vLLM's (engines.md §4.2), with the older aliases accepted.  An
-endpoint without ``/metrics`` gives ``None``, never an error.
+The names are the engine's (``qtune.launch.MetricNames``, from its adapter),
+with the older aliases it lists accepted.  An endpoint without ``/metrics``
+gives ``None``, never an error.
 
 A data-parallel server reports each engine under its own ``engine`` label.
 Counts (requests, tokens) add up over engines; a fraction (KV-cache usage)
@@ -36,24 +37,10 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from qtune.launch import MetricNames
+
 # engine_peaks key of the per-engine peak of running + waiting requests
 _HELD = "held"
-
-# gauge name → aliases in older vLLM releases
-_GAUGES = {
-    "vllm:kv_cache_usage_perc": ("vllm:gpu_cache_usage_perc",),
-    "vllm:num_requests_waiting": (),
-    "vllm:num_requests_running": (),
-}
-_FRACTIONS = {"vllm:kv_cache_usage_perc"}  # per engine: never summed
-_COUNTERS = (
-    "vllm:num_preemptions",
-    "vllm:prefix_cache_queries",
-    "vllm:prefix_cache_hits",
-    "vllm:prompt_tokens",
-    "vllm:generation_tokens",
-    "vllm:request_success",
-)
 
 # sample name → engine label ("" where there is none) → value
 Snapshot = dict[str, dict[str, float]]
@@ -75,23 +62,27 @@ def parse(text: str) -> Snapshot:
     return out
 
 
-def _gauge(snap: Snapshot, name: str) -> dict[str, float] | None:
-    for n in (name, *_GAUGES.get(name, ())):
+def _gauge(snap: Snapshot, name: str, names: MetricNames) -> dict[str, float] | None:
+    for n in (name, *names.aliases.get(name, ())):
         if n in snap:
             return snap[n]
     return None
 
 
-def _combine(name: str, per_engine: dict[str, float]) -> float:
-    return max(per_engine.values()) if name in _FRACTIONS else sum(per_engine.values())
+def _combine(name: str, per_engine: dict[str, float], names: MetricNames) -> float:
+    # A fraction (KV-cache use) is per engine: never summed.
+    return (max(per_engine.values()) if name == names.kv_cache_usage
+            else sum(per_engine.values()))
 
 
 class MetricsWatcher:
     """``interval`` None: counters only (before and after the phase); else
     also the gauges every ``interval`` seconds during it."""
 
-    def __init__(self, base_url: str, interval: float | None = None) -> None:
+    def __init__(self, base_url: str, names: MetricNames,
+                 interval: float | None = None) -> None:
         self.url = base_url.rstrip("/") + "/metrics"
+        self.names = names
         self.interval = interval
         self.scrapes = 0
         self._session: aiohttp.ClientSession | None = None
@@ -118,11 +109,12 @@ class MetricsWatcher:
         self.last = snap
         if not during:
             return snap
-        for g in _GAUGES:
-            per = _gauge(snap, g)
+        names = self.names
+        for g in names.gauges:
+            per = _gauge(snap, g, names)
             if not per:
                 continue
-            v = _combine(g, per)
+            v = _combine(g, per, names)
             self.peaks[g] = max(self.peaks.get(g, v), v)
             ep = self.engine_peaks.setdefault(g, {})
             for e, x in per.items():
@@ -130,8 +122,8 @@ class MetricsWatcher:
         # Requests each engine holds, running or waiting, at one scrape: with
         # a small max_num_seqs every engine runs at the cap and a slow one's
         # backlog waits, so running alone would read as even.
-        run = _gauge(snap, "vllm:num_requests_running") or {}
-        wait = _gauge(snap, "vllm:num_requests_waiting") or {}
+        run = _gauge(snap, names.requests_running, names) or {}
+        wait = _gauge(snap, names.requests_waiting, names) or {}
         held = self.engine_peaks.setdefault(_HELD, {})
         for e in run.keys() | wait.keys():
             x = run.get(e, 0.0) + wait.get(e, 0.0)
@@ -175,39 +167,39 @@ class MetricsWatcher:
     def report(self) -> dict[str, Any] | None:
         if self.first is None or self.last is None:
             return None
-        first, last = self.first, self.last
+        first, last, n = self.first, self.last, self.names
 
         def delta(c: str, engine: str | None = None) -> float:
             a, b = first.get(c, {}), last.get(c, {})
             keys = b.keys() if engine is None else [engine]
             return sum(b.get(e, 0.0) - a.get(e, 0.0) for e in keys)
 
-        queries = delta("vllm:prefix_cache_queries")
+        queries = delta(n.prefix_cache_queries)
         out: dict[str, Any] = {
             "scrapes": self.scrapes,
             "gauge_interval_s": self.interval,
-            "preemptions": int(delta("vllm:num_preemptions")),
-            "kv_cache_usage_peak": self.peaks.get("vllm:kv_cache_usage_perc"),
-            "waiting_peak": self.peaks.get("vllm:num_requests_waiting"),
-            "running_peak": self.peaks.get("vllm:num_requests_running"),
-            "prefix_cache_hit_rate": (delta("vllm:prefix_cache_hits") / queries
+            "preemptions": int(delta(n.preemptions)),
+            "kv_cache_usage_peak": self.peaks.get(n.kv_cache_usage),
+            "waiting_peak": self.peaks.get(n.requests_waiting),
+            "running_peak": self.peaks.get(n.requests_running),
+            "prefix_cache_hit_rate": (delta(n.prefix_cache_hits) / queries
                                       if queries > 0 else None),
             "prefix_cache_queries": int(queries),
-            "prompt_tokens": int(delta("vllm:prompt_tokens")),
-            "generation_tokens": int(delta("vllm:generation_tokens")),
+            "prompt_tokens": int(delta(n.prompt_tokens)),
+            "generation_tokens": int(delta(n.generation_tokens)),
         }
-        engines = sorted(last.get("vllm:generation_tokens", {}), key=_engine_order)
+        engines = sorted(last.get(n.generation_tokens, {}), key=_engine_order)
         if len(engines) > 1:
             peaks = self.engine_peaks
             out["engines"] = [{
                 "engine": e,
-                "requests": int(delta("vllm:request_success", e)),
-                "prompt_tokens": int(delta("vllm:prompt_tokens", e)),
-                "generation_tokens": int(delta("vllm:generation_tokens", e)),
-                "preemptions": int(delta("vllm:num_preemptions", e)),
-                "running_peak": peaks.get("vllm:num_requests_running", {}).get(e),
+                "requests": int(delta(n.request_success, e)),
+                "prompt_tokens": int(delta(n.prompt_tokens, e)),
+                "generation_tokens": int(delta(n.generation_tokens, e)),
+                "preemptions": int(delta(n.preemptions, e)),
+                "running_peak": peaks.get(n.requests_running, {}).get(e),
                 "held_peak": peaks.get(_HELD, {}).get(e),
-                "kv_cache_usage_peak": peaks.get("vllm:kv_cache_usage_perc", {}).get(e),
+                "kv_cache_usage_peak": peaks.get(n.kv_cache_usage, {}).get(e),
             } for e in engines]
             held = [r["held_peak"] for r in out["engines"]]
             # Least loaded replica's peak against the busiest's: 1.0 is even.

@@ -266,10 +266,8 @@ def prepare(cfg: TuneConfig) -> Prepared:
             hint=host.gpu.note or "install the CPU build: pip install 'qtune[cpu]'",
         )
     engine_args = None
-    if cfg.engine == "vllm" and cfg.pick is None:
-        from qtune.engines.vllm_args import engine_args as read_args
-
-        engine_args = read_args(install)
+    if cfg.pick is None:
+        engine_args = engine.read_args(install)
     ctx = SpaceContext(host, model, install, cfg.max_model_len, engine_args,
                        exact=cfg.exact)
     params = engine.space(ctx)
@@ -1093,7 +1091,9 @@ def _bench_config(prep: Prepared, spec: Any, wl: Any) -> Any:
     from qtune.bench import BenchConfig
 
     return BenchConfig(urls=[spec.base_url], workload=wl, model=spec.served_model,
-                       tokenizer=prep.ctx.model.tokenizer_dir, slo=prep.cfg.slo)
+                       tokenizer=prep.ctx.model.tokenizer_dir, slo=prep.cfg.slo,
+                       metric_names=prep.engine.metric_names(),
+                       reset_paths=prep.engine.cache_reset_paths())
 
 
 def _level_of(wl: Any) -> float:

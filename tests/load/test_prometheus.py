@@ -11,7 +11,10 @@ import asyncio
 import aiohttp
 from aiohttp import web
 
+from qtune.engines.vllm import VLLM
 from qtune.load.prometheus import MetricsWatcher, parse
+
+NAMES = VLLM().metric_names()
 
 
 def metrics(engines: dict[str, dict[str, float]]) -> str:
@@ -56,7 +59,7 @@ def watch(texts: list[str]) -> dict | None:
     after it (an after-scrape reads an idle server: it must not count)."""
     async def main() -> dict | None:
         runner, url = await _serve(texts)
-        w = MetricsWatcher(url, interval=3600)
+        w = MetricsWatcher(url, NAMES, interval=3600)
         try:
             async with aiohttp.ClientSession() as session:
                 for i, _ in enumerate(texts):
@@ -141,7 +144,7 @@ def test_counters_before_and_after_only_give_no_peaks():
             metrics({"0": {"generation_tokens": 100, "num_requests_running": 0}}),
             metrics({"0": {"generation_tokens": 900, "num_requests_running": 0}}),
         ])
-        w = MetricsWatcher(url)
+        w = MetricsWatcher(url, NAMES)
         try:
             await w.start()
             return await w.stop()

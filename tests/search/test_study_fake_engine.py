@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 
 from qtune.engines import ENGINES
-from qtune.engines.base import Failure, LaunchSpec, Param, SpaceContext, classify_by_patterns
+from qtune.engines.base import (
+    Engine,
+    Failure,
+    LaunchSpec,
+    Param,
+    SpaceContext,
+    classify_by_patterns,
+)
 from qtune.errors import InputError
 from qtune.host.installed import EngineInstall, InstalledEngines
 from qtune.load.workload import Workload
@@ -26,7 +33,7 @@ from qtune.search.config import TuneConfig
 ROOT = Path(__file__).parent.parent.parent
 
 
-class FakeEngine:
+class FakeEngine(Engine):
     name = "fake"
 
     def space(self, ctx: SpaceContext) -> list[Param]:

@@ -1,0 +1,66 @@
+"""What qtune needs to start, watch and measure one server, in no engine's
+terms: the runner (``qtune.server``) and the load client (``qtune.load``) own
+these types and know no engine; an engine adapter (``qtune.engines``) fills
+them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything ``qtune.server`` needs to start and watch one server."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    host: str
+    port: int
+    served_model: str
+    health_path: str = "/health"
+    models_path: str = "/v1/models"
+    # Log lines after which the server will never become ready even though
+    # its process may linger (vLLM's API server can hang after its engine
+    # core died): the runner stops waiting as soon as one appears.
+    fatal_patterns: tuple[str, ...] = ()
+    # Log lines that show the server waiting, not progressing (vLLM's engine
+    # core repeats one while its workers are silent): a start whose log shows
+    # nothing else for long is hung, not slow.
+    idle_patterns: tuple[str, ...] = ()
+    # Defaults for runs on this host only, never part of a profile (the
+    # caller's environment and ``env`` win): the runner gives each server a
+    # private TMPDIR, removed with it, so an engine that keeps a cache under
+    # the temp dir points it back at the shared one here.
+    host_env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """The Prometheus sample names by which a server reports what the load
+    client cannot see (``qtune.load.prometheus`` reads them).  Counters are
+    read without their ``_total`` suffix."""
+
+    # gauges, read during the measured phase
+    kv_cache_usage: str  # fraction of the KV cache in use (per engine: never summed)
+    requests_waiting: str
+    requests_running: str
+    # counters, read before and after it
+    preemptions: str
+    prefix_cache_queries: str
+    prefix_cache_hits: str
+    prompt_tokens: str
+    generation_tokens: str
+    request_success: str
+    # gauge name -> the names older releases gave it
+    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def gauges(self) -> tuple[str, ...]:
+        return (self.kv_cache_usage, self.requests_waiting, self.requests_running)

@@ -1,0 +1,222 @@
+"""The engine contract: an adapter that writes only the abstract methods
+works everywhere with the optional hooks' defaults, and nothing in qtune/
+outside qtune/engines/ names vLLM's metrics, flags, image, cache paths or
+log lines (an engine is one file and one registry line)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from qtune.engines import ENGINES, gpus_used
+from qtune.engines.base import (
+    Engine,
+    Failure,
+    LaunchSpec,
+    LoadView,
+    Param,
+    SpaceContext,
+    classify_by_patterns,
+)
+from qtune.engines.vllm import VLLM
+from tests.conftest import FIX
+
+ROOT = Path(__file__).parents[2] / "qtune"
+
+
+class Minimal(Engine):
+    """Only what ``Engine`` requires."""
+
+    name = "minimal"
+
+    def space(self, ctx: SpaceContext) -> list[Param]:
+        return [Param("slots", "int", low=1, high=8)]
+
+    def baseline(self, ctx: SpaceContext) -> tuple[dict[str, Any], str | None]:
+        return {}, None
+
+    def check(self, params: Mapping[str, Any], ctx: SpaceContext) -> list[str]:
+        return []
+
+    def launch_spec(self, params: Mapping[str, Any], ctx: SpaceContext, *, host: str,
+                    port: int) -> LaunchSpec:
+        return LaunchSpec((sys.executable, "-m", "server", "--port", str(port)), {},
+                          host, port, ctx.model.served_name)
+
+    def classify(self, log_text: str) -> Failure:
+        return classify_by_patterns(log_text, [])
+
+
+def test_an_engine_missing_a_required_method_cannot_be_made():
+    class Half(Engine):
+        name = "half"
+        space = Minimal.space
+        baseline = Minimal.baseline
+        check = Minimal.check
+        launch_spec = Minimal.launch_spec
+
+    with pytest.raises(TypeError, match="classify"):
+        Half()  # type: ignore[abstract]
+
+
+def test_the_optional_hooks_default_to_nothing_added(cpu_ctx):
+    e = Minimal()
+    params = e.space(cpu_ctx)
+    load = LoadView(rate=1.0, concurrency=None, shared_prefix=False)
+    assert e.shape(params, cpu_ctx, load) == (params, {}, [])
+    assert e.seeds(params, cpu_ctx, {}) == []
+    assert e.memory_asks("less than desired GPU memory utilization") == ()
+    assert e.estimate({"slots": 2}, cpu_ctx) is None
+    assert e.gpus_used({"slots": 2}) == 1 and gpus_used(e, {}) == 1
+    assert e.read_args(cpu_ctx.install) is None
+    assert e.metric_names() is None and e.cache_reset_paths() == ()
+    assert e.max_model_len(["x", "--max-model-len", "4096"]) is None
+    assert e.image("cuda", "1.0") is None and e.cache_volumes() == ()
+
+
+def test_a_minimal_engine_deploys_with_the_defaults(monkeypatch):
+    """The emitters call the image and cache hooks directly: the defaults
+    give no image (--image names one) and no cache volume."""
+    from qtune.emit import emit
+    from qtune.errors import InputError
+    from tests.test_profile import sample_profile
+
+    monkeypatch.setitem(ENGINES, "minimal", Minimal())
+    profile = sample_profile(engine={"name": "minimal", "version": "1", "build": "cuda"})
+    with pytest.raises(InputError, match="no published image"):
+        emit(profile, "compose")
+    compose = yaml.safe_load(emit(profile, "compose", image="me/minimal:1"))
+    (svc,) = compose["services"].values()
+    assert svc["image"] == "me/minimal:1" and "volumes" not in compose
+    assert all(v["type"] == "bind" for v in svc["volumes"])
+    kube = list(yaml.safe_load_all(emit(profile, "kubernetes", image="me/minimal:1")))
+    volumes = kube[0]["spec"]["template"]["spec"]["volumes"]
+    assert not [v for v in volumes if "emptyDir" in v and v["name"] != "dshm"]
+
+
+def test_vllm_deploys_keep_its_compile_cache():
+    from qtune.emit import emit
+    from tests.test_profile import sample_profile
+
+    compose = yaml.safe_load(emit(sample_profile(), "compose"))
+    assert set(compose["volumes"]) == {c.name for c in VLLM().cache_volumes()}
+
+
+def test_the_vllm_adapter_fills_in_every_hook(cpu_ctx):
+    v = VLLM()
+    names = v.metric_names()
+    assert all(getattr(names, f.name) for f in dataclasses.fields(names))
+    assert v.cache_reset_paths() and v.cache_volumes()
+    assert v.image("cuda", "0.32.0+cu129") == "vllm/vllm-openai:v0.32.0"
+    assert v.max_model_len(["p", "-m", "m", "--max-model-len", "4096"]) == 4096
+    assert v.max_model_len(["p", "-m", "m"]) is None
+
+
+# --- vLLM's words outside qtune/engines ---------------------------------------
+
+# Every flag vLLM 0.32's EngineArgs has (250), as the installed vLLM reported it.
+_VLLM_FLAGS = {v["flag"] for v in json.loads(
+    (FIX / "vllm-0.32.0-cpu-engine-args.json").read_text()).values()}
+# Words that are not vLLM's alone: what every OpenAI-compatible server qtune
+# runs takes on its command line (vLLM's, SGLang's), which qtune reads back
+# from a profile for any engine: the listening address (verify and --pick
+# move the port, the container formats open the host) and the model folders
+# (verify checks them, the container formats mount them).  ``--seed`` is
+# also qtune's own option.
+_SHARED_WORDS = {"--host", "--port", "--model", "--tokenizer", "--seed"}
+
+
+def _vllm_words(ctx: SpaceContext) -> dict[str, set[str]]:
+    """What only the vLLM adapter may name, taken from the adapter itself."""
+    v = VLLM()
+    names = v.metric_names()
+    metrics = {getattr(names, f.name) for f in dataclasses.fields(names)
+               if isinstance(getattr(names, f.name), str)}
+    metrics |= {a for alts in names.aliases.values() for a in alts}
+    spec = v.launch_spec({}, ctx, host="127.0.0.1", port=8000)
+    flags = {w for w in spec.argv if w.startswith("--")} | _VLLM_FLAGS
+    # the runner's watch patterns that are plain text (not regex syntax)
+    log_lines = {p for p in (*spec.fatal_patterns, *spec.idle_patterns)
+                 if not set(p) & set("\\()[]*+?")}
+    return {
+        "metric": metrics,
+        # without a version: the repository and the tag's prefix
+        "image": {v.image(b, "") or "" for b in ("cuda", "cpu")} - {""},
+        "cache path": {c.path for c in v.cache_volumes()} | {c.name for c in v.cache_volumes()}
+        | set(v.cache_reset_paths()),
+        "log line": log_lines,
+        "flag": flags - _SHARED_WORDS,
+    }
+
+
+def _literals(path: Path) -> list[tuple[int, str]]:
+    """String literals of a module (f-string parts too), without docstrings:
+    comments and docstrings may cite vLLM."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.body and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def find_vllm_words(root: Path, words: dict[str, set[str]]) -> list[str]:
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        if "engines" in path.relative_to(root).parts:
+            continue
+        for line, text in _literals(path):
+            for kind, ws in words.items():
+                # A flag is a word of its own; the rest may sit inside text.
+                hit = [w for w in ws if (text == w or text.startswith(w + "=")
+                                         if kind == "flag" else w in text)]
+                out += [f"{path.relative_to(root.parent)}:{line}: vLLM {kind} {w!r}"
+                        for w in hit]
+    return out
+
+
+def test_only_the_engine_adapter_names_vllm(cpu_ctx):
+    assert find_vllm_words(ROOT, _vllm_words(cpu_ctx)) == []
+
+
+def test_the_check_finds_each_kind(tmp_path, cpu_ctx):
+    pkg = tmp_path / "qtune"
+    (pkg / "engines").mkdir(parents=True)
+    (pkg / "engines" / "x.py").write_text('FLAG = "--kv-cache-dtype"\n')
+    (pkg / "a.py").write_text(
+        '"""Reads vllm:num_preemptions (a docstring may say so)."""\n'
+        "# vllm:prompt_tokens in a comment is fine\n"
+        'A = "vllm:num_preemptions"\n'
+        'B = f"vllm/vllm-openai:v{1}"\n'
+        'C = ["--max-model-len", "--kv-cache-dtype=fp8", "--model"]\n'
+        'D = "/root/.cache/vllm"\n'
+        'E = r"Engine core initialization failed"\n'
+        'F = "set --max-model-len lower"\n')
+    found = find_vllm_words(pkg, _vllm_words(cpu_ctx))
+    kinds = sorted({f.split(": vLLM ")[1].split(" '")[0] for f in found})
+    assert kinds == ["cache path", "flag", "image", "log line", "metric"]
+    assert {f.split(":")[1] for f in found} == {"3", "4", "5", "6", "7"}
+    assert not any("'--model'" in f for f in found)
+
+
+def test_only_the_registry_imports_an_adapter():
+    """Outside qtune/engines/, code reaches an engine through ``ENGINES`` and
+    the ``Engine`` hooks, never through the vLLM adapter's modules."""
+    out = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if "engines" in path.relative_to(ROOT).parts:
+            continue
+        for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            mods = ([a.name for a in n.names] if isinstance(n, ast.Import) else
+                    [n.module or ""] if isinstance(n, ast.ImportFrom) else [])
+            out += [f"{path.name}: {m}" for m in mods if m.startswith("qtune.engines.vllm")]
+    assert out == []
