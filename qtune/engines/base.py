@@ -1,4 +1,5 @@
-"""The engine protocol: what an inference engine adapter must provide.
+"""The engine contract (``Engine``): what an inference engine adapter must
+provide, and the optional hooks it may fill in.
 
 An adapter is pure: it describes the tunable space and builds the launch
 command, and never starts a process (``qtune.server`` does, for any engine).
@@ -8,6 +9,9 @@ Lifecycle of one trial, and who owns each step:
     probe (qtune.host) → space (adapter) → sample (qtune.search)
     → check (adapter) → launch_spec (adapter) → start/ready/stop (qtune.server)
     → load (qtune.load) → classify failures (adapter) → record (qtune.search)
+
+``LaunchSpec`` and ``MetricNames`` belong to the runner and the load client
+(``qtune.launch``); they are re-exported here for adapters.
 """
 
 from __future__ import annotations
