@@ -22,7 +22,7 @@ import datetime as dt
 import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -58,6 +58,16 @@ from qtune.search.config import (
     load_space_file,
 )
 from qtune.search.pruning import make_pruner
+from qtune.search.records import (
+    LAUNCHED,
+    Attr,
+    StudyAttr,
+    TrialRecord,
+    TrialStatus,
+    feasible,
+    ran_trials,
+    write_record,
+)
 from qtune.search.space import (
     SAMPLERS,
     describe,
@@ -97,70 +107,6 @@ class NullReporter:
 
     def trial_done(self, rec: TrialRecord, best: TrialRecord | None) -> None:
         pass
-
-
-@dataclass
-class TrialRecord:
-    number: int
-    params: dict[str, Any]
-    status: str  # ok | invalid | startup_failed | load_failed | pruned
-    baseline: bool = False
-    value: float | None = None  # the objective (the latency, for pareto)
-    values: list[float] | None = None  # pareto: [throughput, latency]
-    feasible: bool = False
-    reason: str | None = None
-    detail: str | None = None
-    summary: dict[str, Any] | None = None
-    startup_s: float | None = None
-    measure_s: float | None = None
-    total_s: float | None = None
-    argv: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    log: str | None = None
-    # --levels: the load this point was measured at, and the trial whose
-    # server it shared (None: the trial launched its own server).
-    load_level: float | None = None
-    server_of: int | None = None
-    started: str | None = None  # ISO times from the study (Optuna's own)
-    finished: str | None = None
-
-    @classmethod
-    def from_frozen(cls, t: optuna.trial.FrozenTrial) -> TrialRecord:
-        a = t.user_attrs
-        done = t.state == TrialState.COMPLETE
-        multi = done and len(t.values or []) > 1
-        return cls(
-            number=t.number,
-            params=a.get("launch_params", dict(t.params)),
-            status=a.get("status", "unknown"),
-            baseline=bool(a.get("baseline")),
-            value=(t.values[1] if multi else t.value) if done else None,
-            values=list(t.values) if multi else None,
-            feasible=t.state == TrialState.COMPLETE and _feasible(t),
-            reason=a.get("reason"),
-            detail=a.get("detail"),
-            summary=a.get("summary"),
-            startup_s=a.get("startup_s"),
-            measure_s=a.get("measure_s"),
-            total_s=a.get("total_s"),
-            argv=a.get("argv", []),
-            env=a.get("env", {}),
-            log=a.get("log"),
-            load_level=a.get("load_level"),
-            server_of=a.get("server_of"),
-            # A --levels point records when it was measured; Optuna's times
-            # for it are when it was added.
-            started=a.get("started") or (t.datetime_start.isoformat()
-                                         if t.datetime_start else None),
-            finished=a.get("finished") or (t.datetime_complete.isoformat()
-                                           if t.datetime_complete else None),
-        )
-
-
-def _feasible(t: optuna.trial.FrozenTrial) -> bool:
-    c = t.constraints or {}
-    values = c.values() if isinstance(c, dict) else c
-    return all(v <= 0 for v in values)
 
 
 @dataclass
@@ -424,7 +370,7 @@ def _recorded_install(url: str, name: str) -> EngineInstall | None:
     """The engine a study ran with, as it recorded it (None for a study
     from before qtune recorded it)."""
     study = optuna.load_study(study_name=name, storage=open_storage(url, read_only=True))
-    rec = study.user_attrs.get("engine_install")
+    rec = study.user_attrs.get(StudyAttr.ENGINE_INSTALL)
     return EngineInstall(**rec) if isinstance(rec, dict) else None
 
 
@@ -440,7 +386,7 @@ def _pickable(pick: int, name: str, url: str) -> None:
                          "study; run the search first (without --pick)") from None
     recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
     ok = [r.number for r in recs if r.feasible and r.value is not None
-          and r.status == "ok"]
+          and r.status == TrialStatus.OK]
     if pick not in ok:
         raise InputError(
             f"--pick {pick}: trial {pick} of study {name} is not a fully measured, "
@@ -513,14 +459,14 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     # would bias the constant-liar sampler forever.  Fail them on resume.
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study.tell(t.number, state=TrialState.FAIL)
-    study.set_user_attr("objective", cfg.objective)
-    study.set_user_attr("workload", cfg.workload.to_dict())
-    study.set_user_attr("levels", list(cfg.levels))
-    study.set_user_attr("exact", cfg.exact)
-    study.set_user_attr("model", prep.ctx.model.summary())
-    study.set_user_attr("optuna_version", optuna.__version__)
+    study.set_user_attr(StudyAttr.OBJECTIVE, cfg.objective)
+    study.set_user_attr(StudyAttr.WORKLOAD, cfg.workload.to_dict())
+    study.set_user_attr(StudyAttr.LEVELS, list(cfg.levels))
+    study.set_user_attr(StudyAttr.EXACT, cfg.exact)
+    study.set_user_attr(StudyAttr.MODEL, prep.ctx.model.summary())
+    study.set_user_attr(StudyAttr.OPTUNA_VERSION, optuna.__version__)
     # What --pick needs to write a profile where the engine is not installed.
-    study.set_user_attr("engine_install", dataclasses.asdict(prep.ctx.install))
+    study.set_user_attr(StudyAttr.ENGINE_INSTALL, dataclasses.asdict(prep.ctx.install))
     prep.study_dir.mkdir(parents=True, exist_ok=True)
     dists = distributions(prep.params)
     reporter.study_started({
@@ -542,25 +488,24 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     def launched_count() -> int:
         return sum(
             1 for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get("status") in ("ok", "startup_failed", "load_failed",
-                                              "pruned")
-            and "server_of" not in t.user_attrs  # --levels: no launch of its own
+            if t.user_attrs.get(Attr.STATUS) in LAUNCHED
+            and Attr.SERVER_OF not in t.user_attrs  # --levels: no launch of its own
         )
 
     started = time.monotonic()
     stop_reason = None
     has_baseline = any(
-        t.user_attrs.get("baseline") and (
+        t.user_attrs.get(Attr.BASELINE) and (
             t.state == TrialState.COMPLETE
             # refused as too big: a resume does not ask again (unless the
             # memory check is now off)
-            or (t.user_attrs.get("reason") == "predicted_oom" and cfg.memory_check))
+            or (t.user_attrs.get(Attr.REASON) == "predicted_oom" and cfg.memory_check))
         for t in study.get_trials(deepcopy=False)
     )
     if not has_baseline and launched_count() < cfg.trials:
         base_params, note = prep.engine.baseline(prep.ctx)
         _run_unsampled(prep, study, reporter, {**base_params, **prep.fixed},
-                       {"baseline": True, **({"baseline_note": note} if note else {})})
+                       {Attr.BASELINE: True, **({Attr.BASELINE_NOTE: note} if note else {})})
 
     prep = _shape(prep, study, reporter)
     dists = distributions(prep.params)
@@ -583,7 +528,7 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         # its one param off from the rest.  The queue is empty here
         # (_pending_seeds), so ask() returns this trial.
         _run_unsampled(prep, study, reporter, {**point, **prep.fixed},
-                       {"seed": why, "seed_point": point}, note=why)
+                       {Attr.SEED: why, Attr.SEED_POINT: point}, note=why)
     if not stop_reason and launched_count() < cfg.trials:
         # Queued only when the loop will take them: a queued point left over
         # would come out of a later ask() in place of what was queued then.
@@ -611,7 +556,7 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
             violations, reason = [learned], "learned_oom"
         est = _estimate(prep, params)
         if est is not None:
-            trial.set_user_attr("memory_estimate", est.as_dict())
+            trial.set_user_attr(Attr.MEMORY_ESTIMATE, est.as_dict())
             if not est.fits and cfg.memory_check:
                 violations.append("predicted not to fit: " + est.reason)
                 reason = "predicted_oom"
@@ -655,7 +600,7 @@ def _run_unsampled(prep: Prepared, study: optuna.Study, reporter: Reporter,
         reporter.note(f"trial {trial.number}: {note}")
     est = _estimate(prep, params)
     if est is not None:
-        trial.set_user_attr("memory_estimate", est.as_dict())
+        trial.set_user_attr(Attr.MEMORY_ESTIMATE, est.as_dict())
         if not est.fits and prep.cfg.memory_check:
             # The engine defaults can be too big for the host (a 70B model
             # at TP 1): minutes of loading weights only to fail.  Seeds are
@@ -670,16 +615,10 @@ def _refuse(study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], re
             detail: str, reporter: Reporter) -> None:
     """Record a config refused without a launch (pruned: TPE ranks it below
     every run, so it learns the region)."""
-    rec = TrialRecord(trial.number, params, "invalid", reason=reason, detail=detail)
-    _set_attrs(trial, rec)
+    rec = TrialRecord(trial.number, params, TrialStatus.INVALID, reason=reason, detail=detail)
+    write_record(trial, rec)
     study.tell(trial, state=TrialState.PRUNED)
     reporter.trial_done(rec, _best(study))
-
-
-def ran_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The study's trials without the queued ones that never ran (design
-    points left when a budget ended)."""
-    return [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
 
 
 def _learned_refusal(study: optuna.Study, params: dict[str, Any]) -> str | None:
@@ -688,7 +627,7 @@ def _learned_refusal(study: optuna.Study, params: dict[str, Any]) -> str | None:
     refuse it without a launch.  Learned from launches, so it also covers
     what the memory estimate got wrong or was turned off for."""
     for t in study.get_trials(deepcopy=False):
-        asked = t.user_attrs.get("over_request")
+        asked = t.user_attrs.get(Attr.OVER_REQUEST)
         if asked and all(k in params and params[k] >= v for k, v in asked.items()):
             what = ", ".join(f"{k}={v}" for k, v in asked.items())
             return (f"asks at least the memory of trial {t.number} ({what}), "
@@ -704,20 +643,20 @@ def _shape(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Prepared:
     if fn is None:
         return prep
     base = next((t for t in study.get_trials(deepcopy=False)
-                 if t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE), None)
+                 if t.user_attrs.get(Attr.BASELINE) and t.state == TrialState.COMPLETE), None)
     wl = prep.cfg.workload
     load = LoadView(
         rate=wl.rate, concurrency=wl.concurrency if wl.rate is None else None,
         shared_prefix=bool(wl.prefix_count) or wl.dataset is not None,
-        baseline=base.user_attrs.get("summary") if base else None,
-        baseline_params=base.user_attrs.get("launch_params", {}) if base else {},
+        baseline=base.user_attrs.get(Attr.SUMMARY) if base else None,
+        baseline_params=base.user_attrs.get(Attr.LAUNCH_PARAMS, {}) if base else {},
     )
     mine = [p for p in prep.params if p.name not in prep.user_set]
     kept, fixed, notes = fn(mine, prep.ctx, load)
     params = [p for p in prep.params if p.name in prep.user_set] + kept
     for n in notes:
         reporter.note(n)
-    study.set_user_attr("space_notes", notes)
+    study.set_user_attr(StudyAttr.SPACE_NOTES, notes)
     return dataclasses.replace(prep, params=params, fixed={**fixed, **prep.fixed})
 
 
@@ -727,7 +666,7 @@ def _pending_seeds(prep: Prepared, study: optuna.Study) -> list[tuple[dict[str, 
     seeds = getattr(prep.engine, "seeds", None)
     if seeds is None or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         return []  # resumed with queued design points: those go first
-    ran = [t.user_attrs.get("seed_point") for t in study.get_trials(deepcopy=False)]
+    ran = [t.user_attrs.get(Attr.SEED_POINT) for t in study.get_trials(deepcopy=False)]
     tuned = {p.name for p in prep.params}
     out = []
     for point, why in seeds(prep.params, prep.ctx, prep.fixed):
@@ -750,7 +689,7 @@ def _start_design(prep: Prepared, study: optuna.Study, reporter: Reporter) -> No
     cfg = prep.cfg
     if cfg.sampler not in ("tpe", "gp") or not prep.params:
         return
-    if any(not (t.user_attrs.get("baseline") or t.user_attrs.get("seed"))
+    if any(not (t.user_attrs.get(Attr.BASELINE) or t.user_attrs.get(Attr.SEED))
            for t in study.get_trials(deepcopy=False)):
         return  # resumed: the design was queued (and probably run) before
     n = startup_trials(cfg.trials)
@@ -771,9 +710,9 @@ def _start_design(prep: Prepared, study: optuna.Study, reporter: Reporter) -> No
         reporter.note(f"the start design keeps the seed's {what} ({why}) and spreads "
                       "over the other parameters")
     for point in initial_design(free, n, cfg.seed, valid):
-        attrs: dict[str, Any] = {"design": "latin-hypercube"}
+        attrs: dict[str, Any] = {Attr.DESIGN: "latin-hypercube"}
         if anchor:
-            attrs["around_seed"] = anchor
+            attrs[Attr.AROUND_SEED] = anchor
         study.enqueue_trial({**point, **anchor}, user_attrs=attrs)
 
 
@@ -798,8 +737,8 @@ def _seed_anchor(prep: Prepared, study: optuna.Study) -> tuple[dict[str, Any], s
             for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
     base = next((r for r, _ in recs if r.baseline), None)
     sign = -1 if prep.direction == "maximize" else 1
-    seeds = sorted(((r, a["seed_point"]) for r, a in recs
-                    if a.get("seed_point") and r.feasible and r.value is not None),
+    seeds = sorted(((r, a[Attr.SEED_POINT]) for r, a in recs
+                    if a.get(Attr.SEED_POINT) and r.feasible and r.value is not None),
                    key=lambda ra: sign * ra[0].value)  # type: ignore[operator]
     if not seeds:
         return {}, ""
@@ -821,8 +760,8 @@ def _seed_anchor(prep: Prepared, study: optuna.Study) -> tuple[dict[str, Any], s
 def _typical_trial_s(study: optuna.Study) -> float:
     """Median wall time of launched trials, the cold first start excluded
     when there are others (it is not what the next trial costs)."""
-    done = [t.user_attrs["total_s"] for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get("total_s")]
+    done = [t.user_attrs[Attr.TOTAL_S] for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get(Attr.TOTAL_S)]
     if len(done) > 1:
         done = done[1:]
     done.sort()
@@ -840,7 +779,7 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
 
     cfg = prep.cfg
     recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
-    feas = [r for r in recs if r.feasible and r.value is not None and r.status == "ok"]
+    feas = [r for r in recs if r.feasible and r.value is not None and r.status == TrialStatus.OK]
     sign = -1 if prep.direction == "maximize" else 1
     top = sorted(feas, key=lambda r: sign * r.value)[: cfg.confirm_top]  # type: ignore[operator]
     # (On a CPU study a 2-run winner at 1.7x re-measured at 0.77x in verify:
@@ -848,7 +787,7 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
     top += [r for r in feas if r.baseline and r.number not in {t.number for t in top}][:1]
     if len(top) < 2:
         return  # nothing to choose between
-    previous = study.user_attrs.get("confirmation") or {}
+    previous = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
     values: dict[int, list[float]] = {r.number: [] for r in top}
     failures: dict[int, int] = {r.number: 0 for r in top}
     for rep in range(cfg.confirm_repeats):
@@ -881,7 +820,7 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
         med, lo, hi = bootstrap_median([float(v) for v in all_vals])
         result[str(n)] = {"values": all_vals, "median": med, "failures": failures[n],
                           "ci95": [lo, hi] if lo is not None else None}
-    study.set_user_attr("confirmation", {**previous, **result})
+    study.set_user_attr(StudyAttr.CONFIRMATION, {**previous, **result})
 
 
 def _estimate(prep: Prepared, params: dict[str, Any]) -> Any:
@@ -898,22 +837,22 @@ def estimate_accuracy(trials: list[TrialRecord], attrs: dict[int, dict[str, Any]
                       ) -> dict[str, Any]:
     """How the memory prediction compared with what launches did."""
     launched = [t for t in trials
-                if t.status in ("ok", "startup_failed", "load_failed", "pruned")
-                and "memory_estimate" in attrs.get(t.number, {})]
+                if t.status in LAUNCHED
+                and Attr.MEMORY_ESTIMATE in attrs.get(t.number, {})]
     right = sum(1 for t in launched
-                if attrs[t.number]["memory_estimate"]["fits"] == (t.reason != "oom"))
+                if attrs[t.number][Attr.MEMORY_ESTIMATE]["fits"] == (t.reason != "oom"))
     return {
         "launches_avoided": sum(1 for t in trials if t.reason == "predicted_oom"),
         "launched_with_prediction": len(launched),
         "prediction_right": right,
         "oom_at_start_despite_fit": sum(
             1 for t in launched
-            if t.reason == "oom" and attrs[t.number]["memory_estimate"]["fits"]),
+            if t.reason == "oom" and attrs[t.number][Attr.MEMORY_ESTIMATE]["fits"]),
     }
 
 
 def _check_resume(study: optuna.Study, prep: Prepared) -> None:
-    wl = study.user_attrs.get("workload")
+    wl = study.user_attrs.get(StudyAttr.WORKLOAD)
     if wl is not None and wl != prep.cfg.workload.to_dict():
         raise StudyError(
             f"study {prep.study_name} was run with another workload",
@@ -925,22 +864,12 @@ def _check_resume(study: optuna.Study, prep: Prepared) -> None:
             raise StudyError(
                 f"study {prep.study_name} was run with --{key} {before}, not {now}",
                 hint="use a new --study NAME, or the same flags as before")
-    obj = study.user_attrs.get("objective")
+    obj = study.user_attrs.get(StudyAttr.OBJECTIVE)
     if obj is not None and obj != prep.cfg.objective:
         raise StudyError(
             f"study {prep.study_name} optimises {obj}, not {prep.cfg.objective}",
             hint="use a new --study NAME",
         )
-
-
-def _set_attrs(trial: optuna.Trial, rec: TrialRecord) -> None:
-    trial.set_user_attr("launch_params", rec.params)
-    trial.set_user_attr("status", rec.status)
-    for key in ("reason", "detail", "summary", "startup_s", "measure_s",
-                "total_s", "argv", "env", "log"):
-        val = getattr(rec, key)
-        if val is not None and val != [] and val != {}:
-            trial.set_user_attr(key, val)
 
 
 def _run_trial(
@@ -975,11 +904,11 @@ def _run_trial_inner(
     server below the study's load, for the caller to add as trials."""
     cfg = prep.cfg
     n = trial.number
-    baseline = bool(trial.user_attrs.get("baseline"))
+    baseline = bool(trial.user_attrs.get(Attr.BASELINE))
     lower: list[tuple[float, dict[str, Any]]] = []
     t0 = time.monotonic()
     log_path = prep.study_dir / f"trial-{n:03d}.log"
-    rec = TrialRecord(n, params, "ok", baseline=baseline, log=str(log_path))
+    rec = TrialRecord(n, params, TrialStatus.OK, baseline=baseline, log=str(log_path))
     for attempt in range(3):
         port = free_port()
         spec = prep.engine.launch_spec(params, prep.ctx, host="127.0.0.1", port=port)
@@ -1011,15 +940,16 @@ def _run_trial_inner(
         except ServerError as exc:
             if exc.reason in _RETRYABLE and attempt < 2:
                 continue
-            rec.status = "startup_failed" if rec.measure_s is None else "load_failed"
+            rec.status = (TrialStatus.STARTUP_FAILED if rec.measure_s is None
+                          else TrialStatus.LOAD_FAILED)
             rec.reason, rec.detail = exc.reason, exc.detail or exc.message
             asks = getattr(prep.engine, "memory_asks", None)
             knobs = asks(rec.detail or "") if asks and rec.measure_s is None else ()
             asked = {k: params[k] for k in knobs if k in params}
             if asked:  # what this start asked for: learned, see _learned_refusal
-                trial.set_user_attr("over_request", asked)
+                trial.set_user_attr(Attr.OVER_REQUEST, asked)
             rec.total_s = time.monotonic() - t0
-            _set_attrs(trial, rec)
+            write_record(trial, rec)
             study.tell(trial, state=TrialState.PRUNED)
             reporter.trial_done(rec, _best(study))
             return []  # a server that died: its lower levels are not kept either
@@ -1027,7 +957,7 @@ def _run_trial_inner(
     rec.total_s = time.monotonic() - t0
     if cfg.levels:
         rec.load_level = _level_of(cfg.workload)
-        trial.set_user_attr("load_level", rec.load_level)
+        trial.set_user_attr(Attr.LOAD_LEVEL, rec.load_level)
     if summary.get("stopped_early") and summary["stopped_early"] != "saturated":
         # Pruned mid-measurement: tell TPE how far it got, not a full value.
         done = summary["completed"] + summary["failed"]
@@ -1036,20 +966,20 @@ def _run_trial_inner(
         # Optuna has no intermediate values for multi-objective studies.
         if partial is not None and not math.isnan(partial) and prep.direction != "pareto":
             trial.report(partial, step=done)
-        rec.status, rec.reason = "pruned", "pruned"
+        rec.status, rec.reason = TrialStatus.PRUNED, "pruned"
         # Percentiles over the requests that finished before the stop would
         # read better than the truth: keep them apart from real summaries.
-        trial.set_user_attr("partial_summary", summary)
+        trial.set_user_attr(Attr.PARTIAL_SUMMARY, summary)
         rec.summary = None
-        trial.set_user_attr("requests_unsent", max(planned - done, 0) / max(planned, 1))
+        trial.set_user_attr(Attr.REQUESTS_UNSENT, max(planned - done, 0) / max(planned, 1))
         rec.detail = (f"{summary['stopped_early']} after {done}/{planned} requests")
-        _set_attrs(trial, rec)
+        write_record(trial, rec)
         study.tell(trial, state=TrialState.PRUNED)
         reporter.trial_done(rec, _best(study))
         return lower
     for name, violation in _constraints(cfg, summary).items():
         trial.set_constraint(name, violation)
-    _set_attrs(trial, rec)
+    write_record(trial, rec)
     values = _values(prep, summary)
     rec.value = values[-1]  # pareto: the latency
     if prep.direction == "pareto":
@@ -1057,7 +987,7 @@ def _run_trial_inner(
         study.tell(trial, values)
     else:
         study.tell(trial, values[0])
-    rec.feasible = _feasible(study.get_trials(deepcopy=False)[n])
+    rec.feasible = feasible(study.get_trials(deepcopy=False)[n])
     reporter.trial_done(rec, _best(study))
     return lower
 
@@ -1141,18 +1071,19 @@ def _add_level_point(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
     # "baseline" is copied on purpose: a point of the defaults' server is the
     # defaults at that load (the improvement at a level compares with it).
     attrs = {k: v for k, v in frozen.user_attrs.items()
-             if k in ("launch_params", "argv", "env", "log", "startup_s", "baseline")}
+             if k in (Attr.LAUNCH_PARAMS, Attr.ARGV, Attr.ENV, Attr.LOG, Attr.STARTUP_S,
+                      Attr.BASELINE)}
     measured = summary.pop("_measured", {})
-    attrs.update({"status": "ok", "summary": summary, "load_level": level,
-                  "server_of": trial.number, **measured})
+    attrs.update({Attr.STATUS: str(TrialStatus.OK), Attr.SUMMARY: summary,
+                  Attr.LOAD_LEVEL: level, Attr.SERVER_OF: trial.number, **measured})
     study.add_trial(optuna.trial.create_trial(
         values=_values(prep, summary), params=frozen.params,
         distributions=frozen.distributions, user_attrs=attrs,
         constraints=_constraints(prep.cfg, summary)))
     # Found by its attributes, not as "the last trial": storage may be shared.
     added = next(TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)
-                 if t.user_attrs.get("server_of") == trial.number
-                 and t.user_attrs.get("load_level") == level)
+                 if t.user_attrs.get(Attr.SERVER_OF) == trial.number
+                 and t.user_attrs.get(Attr.LOAD_LEVEL) == level)
     reporter.trial_done(added, _best(study))
 
 
@@ -1204,7 +1135,7 @@ def _best(study: optuna.Study, pick: int | None = None) -> TrialRecord | None:
     recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
     feas = [r for r in recs if r.feasible and r.value is not None]
     if pick is not None:
-        return next((r for r in feas if r.number == pick and r.status == "ok"), None)
+        return next((r for r in feas if r.number == pick and r.status == TrialStatus.OK), None)
     if not feas:
         return None
     if len(study.directions) > 1:
@@ -1219,7 +1150,7 @@ def winner(study: optuna.Study, pick: int | None = None) -> TrialRecord | None:
     configs were re-measured, the best *median* over the confirmation
     repeats; else the best single run (``_best``)."""
     best = _best(study, pick)
-    confirmation = study.user_attrs.get("confirmation") or {}
+    confirmation = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
     if best is None or not confirmation or pick is not None:
         return best
     maximize = len(study.directions) == 1 and \
@@ -1263,7 +1194,7 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     trials = [TrialRecord.from_frozen(t) for t in ran_trials(study)]
     _export_trials(study, prep.study_dir / "trials.csv")
     best = winner(study, cfg.pick)
-    feasible = [r for r in trials if r.feasible and r.status == "ok"]
+    feasible = [r for r in trials if r.feasible and r.status == TrialStatus.OK]
     front = pareto_front(feasible) if prep.direction == "pareto" else []
     front_view = _front_view(front, pareto_latency(cfg.objective) or "") if front else None
     if cfg.pick is not None and best is None:
@@ -1276,7 +1207,7 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
         )
     # With --levels, the defaults at the best point's own load.
     level = best.load_level if best is not None else None
-    baseline = next((r for r in trials if r.baseline and r.status == "ok"
+    baseline = next((r for r in trials if r.baseline and r.status == TrialStatus.OK
                      and r.load_level == level), None)
     baseline = baseline or next((r for r in trials if r.baseline), None)
     improvement = None
@@ -1299,9 +1230,9 @@ def _finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     # Saved time, estimated: the share of each pruned trial's requests never
     # sent, times what a full measurement takes (median over unpruned trials).
     full = sorted(t.measure_s for t in trials
-                  if t.status == "ok" and t.measure_s and t.server_of is None)
+                  if t.status == TrialStatus.OK and t.measure_s and t.server_of is None)
     typical = full[len(full) // 2] if full else 0.0
-    unsent = [a["requests_unsent"] for a in attrs.values() if "requests_unsent" in a]
+    unsent = [a[Attr.REQUESTS_UNSENT] for a in attrs.values() if Attr.REQUESTS_UNSENT in a]
     pruning = {"pruned": len(unsent),
                "measure_s_saved": round(sum(unsent) * typical, 3)}
     return TuneResult(prep.study_name, prep.storage_url, best, baseline, trials,
@@ -1324,7 +1255,7 @@ def trials_frame(study: optuna.Study) -> Any:
         r = TrialRecord.from_frozen(t)
         s = r.summary or {}
         row: dict[str, Any] = {
-            "trial": r.number, "baseline": r.baseline, "status": r.status,
+            "trial": r.number, "baseline": r.baseline, "status": str(r.status),
             "reason": r.reason, "value": r.value, "feasible": r.feasible,
             # A failure's detail is a line of the server's log: masked like
             # every text qtune writes (a token in a log line stays out).
@@ -1383,7 +1314,7 @@ def _objective_pair(study: optuna.Study, best: TrialRecord,
     them: the medians of the confirmation rounds when both were re-measured
     (the winner is picked by median, so its first run may be worse than the
     defaults' first run), else each one's single run."""
-    conf = study.user_attrs.get("confirmation") or {}
+    conf = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
     if baseline is not None and str(best.number) in conf and str(baseline.number) in conf:
         w, b = conf[str(best.number)], conf[str(baseline.number)]
         out = {"best": w["median"], "baseline": b["median"],
@@ -1405,10 +1336,10 @@ def _as_ran(study: optuna.Study, rec: TrialRecord) -> Any:
     from types import SimpleNamespace
 
     a = study.get_trials(deepcopy=False)[rec.number].user_attrs
-    argv = list(a.get("argv") or [])
+    argv = list(a.get(Attr.ARGV) or [])
     if "--port" in argv[:-1]:
         argv[argv.index("--port") + 1] = "8000"
-    return SimpleNamespace(argv=argv, env=dict(a.get("env") or {}))
+    return SimpleNamespace(argv=argv, env=dict(a.get(Attr.ENV) or {}))
 
 
 def build_profile(
@@ -1430,12 +1361,12 @@ def build_profile(
     if prep.ctx.model.load_format == "dummy":
         notes.append("tuned with random weights (--load-format dummy): swap in the "
                      "real checkpoint folder before serving real traffic")
-    if baseline and baseline.status == "invalid":
+    if baseline and baseline.status == TrialStatus.INVALID:
         notes.append(f"baseline (engine defaults) not launched: {baseline.detail}")
-    elif baseline and baseline.status != "ok":
+    elif baseline and baseline.status != TrialStatus.OK:
         notes.append(f"baseline (engine defaults) failed to start: {baseline.reason}: "
                      f"{baseline.detail}")
-    base_note = study.trials[baseline.number].user_attrs.get("baseline_note") \
+    base_note = study.trials[baseline.number].user_attrs.get(Attr.BASELINE_NOTE) \
         if baseline else None
     if base_note:
         notes.append(base_note)
@@ -1459,7 +1390,7 @@ def build_profile(
             "best": _metrics_view(best),
             "baseline": _metrics_view(baseline),
             "startup_s": best.startup_s,
-            "confirmation": study.user_attrs.get("confirmation") or None,
+            "confirmation": study.user_attrs.get(StudyAttr.CONFIRMATION) or None,
             "pareto_front": pareto_front,
         },
         # A --levels point is a profile for the load it was measured at.
