@@ -44,6 +44,7 @@ from qtune.errors import (
 from qtune.files import check_target, write_atomic
 from qtune.host import HostFacts, placement, probe
 from qtune.host.installed import EngineInstall
+from qtune.measure import Measurement, ServerDied, interleaved, measure_load, measure_server
 from qtune.metrics import metric_value
 from qtune.model import ModelInfo, resolve_model
 from qtune.objectives import get_objective, pareto_latency
@@ -78,7 +79,7 @@ from qtune.search.space import (
     startup_trials,
     tidy,
 )
-from qtune.server import Server, free_port
+from qtune.server import free_port
 from qtune.stats import bootstrap_median
 
 __all__ = ["Reporter", "TrialRecord", "TuneResult", "distributions", "grid_values",
@@ -775,8 +776,6 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
     defaults are re-measured with them, so the improvement the profile claims
     compares medians taken in the same rounds, and the defaults win when
     nothing beats them again."""
-    from qtune.bench import measure
-
     cfg = prep.cfg
     recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
     feas = [r for r in recs if r.feasible and r.value is not None and r.status == TrialStatus.OK]
@@ -790,28 +789,25 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
     previous = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
     values: dict[int, list[float]] = {r.number: [] for r in top}
     failures: dict[int, int] = {r.number: 0 for r in top}
-    for rep in range(cfg.confirm_repeats):
-        order = top[rep % len(top):] + top[: rep % len(top)]
-        for r in order:
-            reporter.trial_phase(r.number, "confirming",
-                                 f"repeat {rep + 1}/{cfg.confirm_repeats}")
-            spec = prep.engine.launch_spec(r.params, prep.ctx, host="127.0.0.1",
-                                           port=free_port())
-            log = prep.study_dir / f"confirm-{r.number:03d}-{rep}.log"
-            try:
-                with Server(spec, log) as server:
-                    server.wait_ready(cfg.startup_timeout, classify=prep.engine.classify)
-                    wl = dataclasses.replace(cfg.workload, seed=cfg.workload.seed + 1 + rep)
-                    summary = measure(spec.base_url, spec.served_model, wl,
-                                      _bench_config(prep, spec, wl))
-            except ServerError:
-                failures[r.number] += 1  # does not restart reliably
-                continue
-            v = get_objective(cfg.objective).value(summary)
-            if v is not None and summary["failed"] == 0:
-                values[r.number].append(v)
-            else:
-                failures[r.number] += 1
+    for rep, r in interleaved(top, cfg.confirm_repeats):
+        reporter.trial_phase(r.number, "confirming",
+                             f"repeat {rep + 1}/{cfg.confirm_repeats}")
+        spec = prep.engine.launch_spec(r.params, prep.ctx, host="127.0.0.1",
+                                       port=free_port())
+        log = prep.study_dir / f"confirm-{r.number:03d}-{rep}.log"
+        wl = dataclasses.replace(cfg.workload, seed=cfg.workload.seed + 1 + rep)
+        try:
+            m = measure_server(spec, log, _bench_config(prep, spec, wl),
+                               startup_timeout=cfg.startup_timeout,
+                               classify=prep.engine.classify)
+        except ServerError:
+            failures[r.number] += 1  # does not restart reliably
+            continue
+        v = get_objective(cfg.objective).value(m.to_dict())
+        if v is not None and m.failed == 0:
+            values[r.number].append(v)
+        else:
+            failures[r.number] += 1
     result = {}
     for n, vals in values.items():
         first = study.trials[n].value
@@ -881,8 +877,8 @@ def _run_trial(
 ) -> None:
     try:
         lower = _run_trial_inner(prep, study, trial, params, reporter)
-        for level, summary in lower:
-            _add_level_point(prep, study, trial, params, level, summary, reporter)
+        for level, m in lower:
+            _add_level_point(prep, study, trial, params, level, m, reporter)
     except BaseException:
         # Ctrl-C or SIGTERM mid-trial: the server is already stopped by its
         # context manager; close the trial so a resume does not see it RUNNING.
@@ -899,45 +895,53 @@ def _run_trial_inner(
     trial: optuna.Trial,
     params: dict[str, Any],
     reporter: Reporter,
-) -> list[tuple[float, dict[str, Any]]]:
+) -> list[tuple[float, Measurement]]:
     """Launch, measure, tell.  Returns the --levels points measured on this
     server below the study's load, for the caller to add as trials."""
     cfg = prep.cfg
     n = trial.number
     baseline = bool(trial.user_attrs.get(Attr.BASELINE))
-    lower: list[tuple[float, dict[str, Any]]] = []
+    lower: list[tuple[float, Measurement]] = []
     t0 = time.monotonic()
     log_path = prep.study_dir / f"trial-{n:03d}.log"
     rec = TrialRecord(n, params, TrialStatus.OK, baseline=baseline, log=str(log_path))
+    best = _best(study)
+    capacity = cfg.objective == "capacity"
+    watch = None if baseline or capacity else make_pruner(
+        cfg, best.value if best and prep.direction != "pareto" else None)
+
+    def ready(startup_s: float) -> None:
+        rec.startup_s = startup_s
+
+    def progress(text: str) -> None:
+        reporter.trial_phase(n, "measuring", text)
+
     for attempt in range(3):
         port = free_port()
         spec = prep.engine.launch_spec(params, prep.ctx, host="127.0.0.1", port=port)
         rec.argv, rec.env = list(spec.argv), dict(spec.env)
         reporter.trial_phase(n, "starting", _short(params) or "engine defaults")
-        server = Server(spec, log_path)
+
+        def before(spec: Any = spec) -> None:
+            nonlocal lower
+            lower = _lower_levels(prep, spec, n, reporter) if cfg.levels else []
+            reporter.trial_phase(n, "measuring", cfg.workload.mode)
+
         try:
-            with server:
-                rec.startup_s = server.wait_ready(
-                    cfg.startup_timeout,
-                    on_tick=lambda s: reporter.trial_phase(n, "starting", f"{s:.0f} s"),
-                    classify=prep.engine.classify,
-                )
-                lower = _lower_levels(prep, spec, n, reporter) if cfg.levels else []
-                reporter.trial_phase(n, "measuring", cfg.workload.mode)
-                m0 = time.monotonic()
-                best = _best(study)
-                summary = _measure(prep, spec, n, reporter, baseline,
-                                   best.value if best and prep.direction != "pareto"
-                                   else None)
-                rec.measure_s = time.monotonic() - m0
+            m = measure_server(
+                spec, log_path, _bench_config(prep, spec, cfg.workload),
+                startup_timeout=cfg.startup_timeout, classify=prep.engine.classify,
+                progress=progress, watch=watch, capacity=capacity,
+                on_tick=lambda s: reporter.trial_phase(n, "starting", f"{s:.0f} s"),
+                on_ready=ready, before=before,
                 # A server that died under load is a failed config, not a
-                # slow one: check before trusting the numbers.
-                if server.proc is None or server.proc.poll() is not None:
-                    f = prep.engine.classify(server.log_text())
-                    raise ServerError("server died under load", reason=f.reason,
-                                      detail=f.detail)
+                # slow one: checked before the numbers are trusted.
+                check_alive=True)
+            rec.measure_s = m.measure_s
             break
         except ServerError as exc:
+            if isinstance(exc, ServerDied):
+                rec.measure_s = exc.measurement.measure_s
             if exc.reason in _RETRYABLE and attempt < 2:
                 continue
             rec.status = (TrialStatus.STARTUP_FAILED if rec.measure_s is None
@@ -953,14 +957,15 @@ def _run_trial_inner(
             study.tell(trial, state=TrialState.PRUNED)
             reporter.trial_done(rec, _best(study))
             return []  # a server that died: its lower levels are not kept either
+    summary = m.to_dict()
     rec.summary = summary
     rec.total_s = time.monotonic() - t0
     if cfg.levels:
         rec.load_level = _level_of(cfg.workload)
         trial.set_user_attr(Attr.LOAD_LEVEL, rec.load_level)
-    if summary.get("stopped_early") and summary["stopped_early"] != "saturated":
+    if m.stopped_early and m.stopped_early != "saturated":
         # Pruned mid-measurement: tell TPE how far it got, not a full value.
-        done = summary["completed"] + summary["failed"]
+        done = m.completed + m.failed
         planned = cfg.workload.requests or done
         partial = get_objective(cfg.objective).value(summary)
         # Optuna has no intermediate values for multi-objective studies.
@@ -972,7 +977,7 @@ def _run_trial_inner(
         trial.set_user_attr(Attr.PARTIAL_SUMMARY, summary)
         rec.summary = None
         trial.set_user_attr(Attr.REQUESTS_UNSENT, max(planned - done, 0) / max(planned, 1))
-        rec.detail = (f"{summary['stopped_early']} after {done}/{planned} requests")
+        rec.detail = (f"{m.stopped_early} after {done}/{planned} requests")
         write_record(trial, rec)
         study.tell(trial, state=TrialState.PRUNED)
         reporter.trial_done(rec, _best(study))
@@ -1031,15 +1036,13 @@ def _level_of(wl: Any) -> float:
 
 
 def _lower_levels(prep: Prepared, spec: Any, n: int,
-                  reporter: Reporter) -> list[tuple[float, dict[str, Any]]]:
+                  reporter: Reporter) -> list[tuple[float, Measurement]]:
     """``--levels``: measure the levels below the study's load (its highest
     level) on the server already up, lightest first.  Sharing one server is
     valid here because nothing a level leaves behind changes the next: each
     level has its own warm-up and its own prompts (another seed, so prefix
     caching cannot reuse the previous level's), and every request of a level
     has finished before the next starts."""
-    from qtune.bench import measure
-
     cfg = prep.cfg
     out = []
     for i, level in enumerate(sorted(cfg.levels)[:-1]):
@@ -1049,21 +1052,15 @@ def _lower_levels(prep: Prepared, spec: Any, n: int,
         def progress(text: str, level: float = level) -> None:
             reporter.trial_phase(n, "measuring", f"level {level:g}: {text}")
 
-        started = dt.datetime.now()
-        summary = measure(spec.base_url, spec.served_model, wl,
-                          _bench_config(prep, spec, wl), progress=progress)
-        finished = dt.datetime.now()
         # Kept with the point: its own measuring time and when it ran (the
         # trial itself is only created once the launch's top level is told).
-        summary["_measured"] = {"started": started.isoformat(),
-                                "finished": finished.isoformat(),
-                                "measure_s": (finished - started).total_seconds()}
-        out.append((level, summary))
+        out.append((level, measure_load(spec, _bench_config(prep, spec, wl),
+                                        progress=progress)))
     return out
 
 
 def _add_level_point(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
-                     params: dict[str, Any], level: float, summary: dict[str, Any],
+                     params: dict[str, Any], level: float, m: Measurement,
                      reporter: Reporter) -> None:
     """One --levels point as a trial of its own: the same engine config (and
     sampled params) as ``trial``, whose server it shared."""
@@ -1073,7 +1070,9 @@ def _add_level_point(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
     attrs = {k: v for k, v in frozen.user_attrs.items()
              if k in (Attr.LAUNCH_PARAMS, Attr.ARGV, Attr.ENV, Attr.LOG, Attr.STARTUP_S,
                       Attr.BASELINE)}
-    measured = summary.pop("_measured", {})
+    summary = m.to_dict()
+    measured = {Attr.STARTED: m.started, Attr.FINISHED: m.finished,
+                Attr.MEASURE_S: m.measure_s}
     attrs.update({Attr.STATUS: str(TrialStatus.OK), Attr.SUMMARY: summary,
                   Attr.LOAD_LEVEL: level, Attr.SERVER_OF: trial.number, **measured})
     study.add_trial(optuna.trial.create_trial(
@@ -1085,34 +1084,6 @@ def _add_level_point(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
                  if t.user_attrs.get(Attr.SERVER_OF) == trial.number
                  and t.user_attrs.get(Attr.LOAD_LEVEL) == level)
     reporter.trial_done(added, _best(study))
-
-
-def _measure(prep: Prepared, spec: Any, n: int, reporter: Reporter, baseline: bool,
-             best_value: float | None) -> dict[str, Any]:
-    """One trial's measurement on a ready server: the workload once, or a
-    capacity search on this one server for ``--objective capacity``."""
-    from qtune.bench import find_capacity, measure
-
-    cfg = prep.cfg
-    bcfg = _bench_config(prep, spec, cfg.workload)
-
-    def progress(text: str) -> None:
-        reporter.trial_phase(n, "measuring", text)
-
-    if cfg.objective == "capacity":
-        cap = find_capacity(spec.base_url, spec.served_model, bcfg, progress)
-        # The trial's summary is the re-measured run at the capacity (fresh
-        # prompts, twice the probe window); with no capacity, a run at the
-        # study's load with prompts no probe sent.
-        summary = cap.pop("at_value_summary", None) or measure(
-            spec.base_url, spec.served_model,
-            dataclasses.replace(cfg.workload, seed=cfg.workload.seed + 1), bcfg,
-            progress=progress)
-        summary["capacity"] = cap
-        return summary
-    watch = None if baseline else make_pruner(cfg, best_value)
-    return measure(spec.base_url, spec.served_model, cfg.workload, bcfg,
-                   progress=progress, watch=watch)
 
 
 def _at_load(wl: Any, value: float | None) -> Any:
