@@ -17,9 +17,10 @@ from optuna.trial import TrialState
 
 from qtune.errors import StudyError, mask_url
 from qtune.files import check_target, write_atomic
-from qtune.search import check_storage_url, open_storage, trials_frame, winner
 from qtune.search.config import check_study_name
 from qtune.search.records import Attr, StudyAttr, TrialStatus
+from qtune.search.result import trials_frame, winner
+from qtune.search.storage import check_storage_url, open_storage
 
 
 def load_study(name: str, storage: str | None, studies_dir: Path = Path("studies")
