@@ -40,6 +40,39 @@ def tune(cfg: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
 
 
 def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
+    """Run a prepared study to its end and write its profile: the engine
+    defaults first, then the engine's seeds, the start design and the
+    sampler's trials until --trials launches or the time budget, then the
+    confirmation of the top configs."""
+    cfg = prep.cfg
+    study = _open_study(prep)
+    reporter.study_started(_study_info(prep))
+    started = time.monotonic()
+    if not _has_baseline(prep, study) and launched_count(study) < cfg.trials:
+        base_params, note = prep.engine.baseline(prep.ctx)
+        _run_unsampled(prep, study, reporter, {**base_params, **prep.fixed},
+                       {Attr.BASELINE: True, **({Attr.BASELINE_NOTE: note} if note else {})})
+
+    prep = _shape(prep, study, reporter)
+    study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
+    stop_reason = _run_seeds(prep, study, reporter, started)
+    if not stop_reason and launched_count(study) < cfg.trials:
+        # Queued only when the loop will take them: a queued point left over
+        # would come out of a later ask() in place of what was queued then.
+        _start_design(prep, study, reporter)
+    if not stop_reason:
+        stop_reason = _sampling_loop(prep, study, reporter, started)
+    if stop_reason:
+        reporter.note(f"stopped before --trials: {stop_reason}")
+    _confirmation(prep, study, reporter, started)
+    res = finish(prep, study)
+    res.stop_reason = stop_reason
+    return res
+
+
+def _open_study(prep: Prepared) -> optuna.Study:
+    """Create the study, or load it to resume (its runs left RUNNING by a
+    killed qtune failed), and record what it is run with."""
     cfg = prep.cfg
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(prep.storage_url)
@@ -73,8 +106,13 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     # What --pick needs to write a profile where the engine is not installed.
     study.set_user_attr(StudyAttr.ENGINE_INSTALL, dataclasses.asdict(prep.ctx.install))
     prep.study_dir.mkdir(parents=True, exist_ok=True)
-    dists = distributions(prep.params)
-    reporter.study_started({
+    return study
+
+
+def _study_info(prep: Prepared) -> dict[str, Any]:
+    """What ``Reporter.study_started`` is told."""
+    cfg = prep.cfg
+    return {
         "study": prep.study_name,
         "storage": prep.storage_url,
         "model": prep.ctx.model.summary(),
@@ -88,18 +126,22 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         "levels": list(cfg.levels),
         "objective": cfg.objective,
         "slo": [str(s) for s in cfg.slo],
-    })
+    }
 
-    def launched_count() -> int:
-        return sum(
-            1 for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get(Attr.STATUS) in LAUNCHED
-            and Attr.SERVER_OF not in t.user_attrs  # --levels: no launch of its own
-        )
 
-    started = time.monotonic()
-    stop_reason = None
-    has_baseline = any(
+def launched_count(study: optuna.Study) -> int:
+    """Trials that launched a server (the count --trials limits)."""
+    return sum(
+        1 for t in study.get_trials(deepcopy=False)
+        if t.user_attrs.get(Attr.STATUS) in LAUNCHED
+        and Attr.SERVER_OF not in t.user_attrs  # --levels: no launch of its own
+    )
+
+
+def _has_baseline(prep: Prepared, study: optuna.Study) -> bool:
+    """Whether the engine defaults ran already (a resume runs them once)."""
+    cfg = prep.cfg
+    return any(
         t.user_attrs.get(Attr.BASELINE) and (
             t.state == TrialState.COMPLETE
             # refused as too big: a resume does not ask again (unless the
@@ -107,46 +149,52 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
             or (t.user_attrs.get(Attr.REASON) == "predicted_oom" and cfg.memory_check))
         for t in study.get_trials(deepcopy=False)
     )
-    if not has_baseline and launched_count() < cfg.trials:
-        base_params, note = prep.engine.baseline(prep.ctx)
-        _run_unsampled(prep, study, reporter, {**base_params, **prep.fixed},
-                       {Attr.BASELINE: True, **({Attr.BASELINE_NOTE: note} if note else {})})
 
-    prep = _shape(prep, study, reporter)
-    dists = distributions(prep.params)
-    study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
 
-    def over_budget() -> str | None:
-        """Start a trial only if a typical one still fits in the budget."""
-        if cfg.time_budget is None:
-            return None
-        typical = _typical_trial_s(study)
-        if time.monotonic() - started + typical <= cfg.time_budget:
-            return None
-        return (f"time budget: {cfg.time_budget / 60:.0f} min, a trial "
-                f"takes ~{typical / 60:.1f} min")
+def _over_budget(prep: Prepared, study: optuna.Study, started: float) -> str | None:
+    """Start a trial only if a typical one still fits in the budget."""
+    cfg = prep.cfg
+    if cfg.time_budget is None:
+        return None
+    typical = _typical_trial_s(study)
+    if time.monotonic() - started + typical <= cfg.time_budget:
+        return None
+    return (f"time budget: {cfg.time_budget / 60:.0f} min, a trial "
+            f"takes ~{typical / 60:.1f} min")
 
+
+def _run_seeds(prep: Prepared, study: optuna.Study, reporter: Reporter,
+               started: float) -> str | None:
+    """Run the engine's seeds not yet run; why it stopped early, if it did."""
+    cfg = prep.cfg
+    stop_reason = None
     for point, why in _pending_seeds(prep, study):
-        if launched_count() >= cfg.trials or (stop_reason := over_budget()):
+        if launched_count(study) >= cfg.trials or (
+                stop_reason := _over_budget(prep, study, started)):
             break
         # Param-less like the baseline: TPE's groups would otherwise split
         # its one param off from the rest.  The queue is empty here
         # (_pending_seeds), so ask() returns this trial.
         _run_unsampled(prep, study, reporter, {**point, **prep.fixed},
                        {Attr.SEED: why, Attr.SEED_POINT: point}, note=why)
-    if not stop_reason and launched_count() < cfg.trials:
-        # Queued only when the loop will take them: a queued point left over
-        # would come out of a later ask() in place of what was queued then.
-        _start_design(prep, study, reporter)
+    return stop_reason
 
+
+def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
+                   started: float) -> str | None:
+    """Ask the sampler for trials until --trials launches; why it stopped
+    early, if it did."""
+    cfg = prep.cfg
+    dists = distributions(prep.params)
+    stop_reason = None
     invalid_run = 0
-    while not stop_reason and launched_count() < cfg.trials:
+    while launched_count(study) < cfg.trials:
         if invalid_run >= 25:
             # Every recent proposal was refused without a launch: what is left
             # of the space cannot start.  Stop rather than spin.
             stop_reason = "the last 25 proposals were all refused without a launch"
             break
-        if stop_reason := over_budget():
+        if stop_reason := _over_budget(prep, study, started):
             break
         if isinstance(study.sampler, optuna.samplers.GridSampler) and \
                 study.sampler.is_exhausted(study):
@@ -170,24 +218,26 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
             refuse(study, trial, params, reason, "; ".join(violations), reporter)
             continue
         run_trial(prep, study, trial, params, reporter)
+    return stop_reason
 
-    if stop_reason:
-        reporter.note(f"stopped before --trials: {stop_reason}")
+
+def _confirmation(prep: Prepared, study: optuna.Study, reporter: Reporter,
+                  started: float) -> None:
+    """Re-measure the top configs (``confirm_top``) when asked and when it
+    fits the time budget; a Pareto front is not confirmed."""
+    cfg = prep.cfg
     if prep.direction == "pareto" and cfg.confirm_top > 0 and cfg.pick is None:
         reporter.note("no top-K confirmation for a Pareto front: re-measure the point "
                       "you pick with qtune verify")
     elif cfg.confirm_top > 0 and cfg.confirm_repeats > 0 and cfg.pick is None:
         # + 1: the engine defaults are re-measured with the top K.
-        need = min(cfg.confirm_top + 1, launched_count()) * cfg.confirm_repeats * \
+        need = min(cfg.confirm_top + 1, launched_count(study)) * cfg.confirm_repeats * \
             _typical_trial_s(study)
         if cfg.time_budget is not None and time.monotonic() - started + need > cfg.time_budget:
             reporter.note("confirmation of the top configs skipped: it does not fit "
                           "the time budget")
         else:
             confirm_top(prep, study, reporter)
-    res = finish(prep, study)
-    res.stop_reason = stop_reason
-    return res
 
 
 def _run_unsampled(prep: Prepared, study: optuna.Study, reporter: Reporter,
