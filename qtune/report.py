@@ -17,8 +17,10 @@ from optuna.trial import TrialState
 
 from qtune.errors import StudyError, mask_url
 from qtune.files import check_target, write_atomic
-from qtune.search import check_storage_url, open_storage, trials_frame, winner
 from qtune.search.config import check_study_name
+from qtune.search.records import Attr, StudyAttr, TrialStatus
+from qtune.search.result import trials_frame, winner
+from qtune.search.storage import check_storage_url, open_storage
 
 
 def load_study(name: str, storage: str | None, studies_dir: Path = Path("studies")
@@ -49,7 +51,7 @@ def importances(study: optuna.Study) -> dict[str, float]:
     # --levels points repeat their launch's params at another load: they
     # would credit the load's effect to the parameters.
     done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
-            and t.params and "server_of" not in t.user_attrs]
+            and t.params and Attr.SERVER_OF not in t.user_attrs]
     if len(done) < 3:
         return {}
     # The baseline trial has no parameters, which would empty the common
@@ -174,16 +176,17 @@ def _latency(objective: str) -> str:
 
 
 def render_html(study: optuna.Study, url: str, df: Any, imp: dict[str, float]) -> str:
-    objective = study.user_attrs.get("objective", "value")
+    objective = study.user_attrs.get(StudyAttr.OBJECTIVE, "value")
     maximize = _maximize(study)
     shown_url = html.escape(mask_url(url))
     cols = [c for c in df.columns if c not in ("detail",)]
     table = df[cols].to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}",
                              border=0, classes="trials")
-    wl = study.user_attrs.get("workload", {})
-    model = study.user_attrs.get("model", {})
+    wl = study.user_attrs.get(StudyAttr.WORKLOAD, {})
+    model = study.user_attrs.get(StudyAttr.MODEL, {})
     trade = tradeoff_svg(df, _latency(objective))
-    fails = df[df["status"].isin(["startup_failed", "load_failed", "pruned", "invalid"])]
+    fails = df[df["status"].isin([TrialStatus.STARTUP_FAILED, TrialStatus.LOAD_FAILED,
+                                   TrialStatus.PRUNED, TrialStatus.INVALID])]
     fail_rows = "".join(
         f"<li>trial {r.trial}: {html.escape(str(r.status))}: "
         f"{html.escape(str(r.reason))}: {html.escape(str(r.detail))[:300]}</li>"
@@ -247,6 +250,7 @@ def report(name: str, storage: str | None, *, csv: Path | None = None,
     counts = launches["status"].value_counts().to_dict()
     if len(launches) < len(df):
         counts["level_points"] = len(df) - len(launches)
-    return {"study": name, "storage": mask_url(url), "objective": study.user_attrs.get("objective"),
+    return {"study": name, "storage": mask_url(url),
+            "objective": study.user_attrs.get(StudyAttr.OBJECTIVE),
             "trials": df.to_dict(orient="records"), "best_trial": best,
             "importances": imp, "counts": counts}

@@ -15,17 +15,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from qtune.bench import KEY_METRICS, BenchConfig, measure
+from qtune.bench import KEY_METRICS, BenchConfig
 from qtune.engines import get_engine
 from qtune.engines.base import SpaceContext
 from qtune.errors import EngineError, InputError, ModelError, ProfileError, ServerError
 from qtune.host import probe
 from qtune.load.workload import Workload
+from qtune.measure import interleaved, measure_server
 from qtune.metrics import metric_value
 from qtune.model import resolve_model
 from qtune.objectives import SLO, get_objective, lower_is_better, parse_slo
 from qtune.profile import Profile
-from qtune.server import Server, free_port
+from qtune.server import free_port
 from qtune.stats import bootstrap_median, ratio_ci
 
 
@@ -122,37 +123,37 @@ def measure_sides(
     starts: dict[str, list[float]] = {s.label: [] for s in sides}
     failed: dict[str, list[ServerError]] = {s.label: [] for s in sides}
     log_dir.mkdir(parents=True, exist_ok=True)
-    n = len(sides)
-    for r in range(repeat):
-        for side in sides[r % n:] + sides[:r % n]:
+    for r, side in interleaved(sides, repeat):
+        if progress:
+            progress(f"repeat {r + 1}/{repeat}: {side.label}: starting")
+        port = free_port()
+        spec = dataclasses.replace(ref, argv=tuple(_with_port(side.argv, port)),
+                                   env=side.env, port=port)
+        w = dataclasses.replace(wl, seed=wl.seed + r)
+        cfg = BenchConfig(urls=[spec.base_url], workload=w, model=served,
+                          tokenizer=ctx.model.tokenizer_dir, slo=slo or [],
+                          metric_names=engine.metric_names(),
+                          reset_paths=engine.cache_reset_paths())
+
+        def tick(text: str, side: Side = side, r: int = r) -> None:
             if progress:
-                progress(f"repeat {r + 1}/{repeat}: {side.label}: starting")
-            port = free_port()
-            spec = dataclasses.replace(ref, argv=tuple(_with_port(side.argv, port)),
-                                       env=side.env, port=port)
-            try:
-                with Server(spec, log_dir / f"{side.label}-{r}.log") as server:
-                    ready = server.wait_ready(startup_timeout, classify=engine.classify)
-                    w = dataclasses.replace(wl, seed=wl.seed + r)
-                    cfg = BenchConfig(urls=[spec.base_url], workload=w, model=served,
-                                      tokenizer=ctx.model.tokenizer_dir, slo=slo or [],
-                                      metric_names=engine.metric_names(),
-                                      reset_paths=engine.cache_reset_paths())
+                progress(f"repeat {r + 1}/{repeat}: {side.label}: {text}")
 
-                    def tick(text: str, side: Side = side, r: int = r) -> None:
-                        if progress:
-                            progress(f"repeat {r + 1}/{repeat}: {side.label}: {text}")
-
-                    summary = measure(spec.base_url, served, w, cfg, progress=tick)
-            except ServerError as e:
-                failed[side.label].append(e)
-                if on_run:
-                    on_run(f"repeat {r + 1}/{repeat}: {side.label}: start failed: {e.cause}")
-                continue
-            starts[side.label].append(ready)
-            runs[side.label].append(summary)
-            if on_run:  # one lasting line per run: the spinner alone vanishes
-                on_run(f"repeat {r + 1}/{repeat}: {side.label}: " + run_line(summary, ready))
+        try:
+            m = measure_server(spec, log_dir / f"{side.label}-{r}.log", cfg,
+                               startup_timeout=startup_timeout, classify=engine.classify,
+                               progress=tick)
+        except ServerError as e:
+            failed[side.label].append(e)
+            if on_run:
+                on_run(f"repeat {r + 1}/{repeat}: {side.label}: start failed: {e.cause}")
+            continue
+        assert m.startup_s is not None  # measure_server started it
+        summary = m.to_dict()
+        starts[side.label].append(m.startup_s)
+        runs[side.label].append(summary)
+        if on_run:  # one lasting line per run: the spinner alone vanishes
+            on_run(f"repeat {r + 1}/{repeat}: {side.label}: " + run_line(summary, m.startup_s))
     return Measured(runs, starts, failed)
 
 

@@ -9,31 +9,44 @@ from optuna.distributions import IntDistribution
 from qtune.errors import InputError, StudyError
 from qtune.report import report
 from qtune.search import open_storage
+from qtune.search.records import Attr, StudyAttr, TrialRecord, TrialStatus, write_record
 
 
 def _study(tmp_path, monkeypatch):
+    """A study as the search stores it: every trial's attributes through the
+    search's own writer, so a change on the writer's side reaches the report."""
     monkeypatch.chdir(tmp_path)
     url = f"journal://{tmp_path / 'studies' / 's.log'}"
     study = optuna.create_study(study_name="s", storage=open_storage(url))
-    study.set_user_attr("objective", "e2e_p99")
+    study.set_user_attr(StudyAttr.OBJECTIVE, "e2e_p99")
     for seqs, e2e in [(None, 400.0), (8, 300.0), (64, 250.0), (16, 350.0), (32, None)]:
         t = study.ask({"max_num_seqs": IntDistribution(4, 256)} if seqs else {})
-        if seqs is None:
-            t.set_user_attr("baseline", True)
+        params = {"max_num_seqs": seqs} if seqs else {}
         if e2e is None:
-            t.set_user_attr("status", "startup_failed")
-            t.set_user_attr("reason", "oom")
-            t.set_user_attr("detail", "No available memory for the cache blocks")
+            write_record(t, TrialRecord(
+                t.number, params, TrialStatus.STARTUP_FAILED, reason="oom",
+                detail="No available memory for the cache blocks"))
             study.tell(t, state=optuna.trial.TrialState.PRUNED)
             continue
-        t.set_user_attr("status", "ok")
-        t.set_user_attr("summary", {"e2e_ms": {"p50": e2e / 2, "p99": e2e},
-                                    "request_throughput": 1000.0 / e2e, "failed": 0})
+        write_record(t, TrialRecord(
+            t.number, params, TrialStatus.OK, baseline=seqs is None,
+            summary={"e2e_ms": {"p50": e2e / 2, "p99": e2e},
+                     "request_throughput": 1000.0 / e2e, "failed": 0}))
         t.set_constraint("failed_requests", 0.0)
         study.tell(t, e2e)
     # A design point queued but never run (the budget ended first).
-    study.enqueue_trial({"max_num_seqs": 100}, user_attrs={"design": "latin-hypercube"})
+    study.enqueue_trial({"max_num_seqs": 100}, user_attrs={Attr.DESIGN: "latin-hypercube"})
     return study
+
+
+def test_the_records_read_back_what_the_writer_stored(tmp_path, monkeypatch):
+    from qtune.search.records import ran_trials
+
+    recs = [TrialRecord.from_frozen(t) for t in ran_trials(_study(tmp_path, monkeypatch))]
+    assert [r.status for r in recs] == ["ok"] * 4 + ["startup_failed"]
+    assert [r.baseline for r in recs] == [True, False, False, False, False]
+    assert recs[1].params == {"max_num_seqs": 8} and recs[1].summary["e2e_ms"]["p99"] == 300
+    assert recs[4].reason == "oom" and recs[4].value is None and not recs[4].feasible
 
 
 def test_report_exports(tmp_path, monkeypatch):
@@ -58,7 +71,7 @@ def test_report_and_search_pick_the_same_winner(tmp_path, monkeypatch):
     from qtune.search import winner
 
     study = _study(tmp_path, monkeypatch)
-    study.set_user_attr("confirmation", {
+    study.set_user_attr(StudyAttr.CONFIRMATION, {
         "1": {"values": [300.0, 260.0, 270.0], "median": 270.0, "failures": 0},
         "2": {"values": [250.0, 320.0, 330.0], "median": 320.0, "failures": 0},
         # the best median, but a re-run failed: it cannot win over clean ones

@@ -75,17 +75,17 @@ def test_verify_starts_carry_the_engines_host_defaults(monkeypatch, cpu_ctx, tmp
     """A profile's argv and env do not hold the host's run defaults (they
     never reach a profile), so verify must take them from the engine: else
     every verify start of a GPU profile compiles from cold."""
-    import qtune.verify as verify
+    import qtune.measure as measure
 
     monkeypatch.setitem(ENGINES, "hostenv", HostEnvEngine())
     seen = []
 
-    class Spy(verify.Server):
+    class Spy(measure.Server):
         def __init__(self, spec, log_path):
             seen.append(spec)
             super().__init__(spec, log_path)
 
-    monkeypatch.setattr(verify, "Server", Spy)
+    monkeypatch.setattr(measure, "Server", Spy)
     spec = HostEnvEngine().launch_spec({"delay_ms": 1}, cpu_ctx, host="127.0.0.1", port=1)
     wl = Workload(input_len=8, output_len=4, concurrency=1, requests=2, warmup_requests=0)
     measure_sides([Side("a", list(spec.argv), dict(spec.env))], "hostenv", cpu_ctx, wl, 1,

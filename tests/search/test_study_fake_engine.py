@@ -63,7 +63,7 @@ class FakeEngine(Engine):
 
 @pytest.fixture
 def fake(monkeypatch, cpu_host, tmp_path):
-    import qtune.search as search
+    import qtune.search.inputs as search
 
     monkeypatch.setitem(ENGINES, "fake", FakeEngine())
     host = dataclasses.replace(cpu_host, engines=InstalledEngines(
@@ -389,7 +389,7 @@ def test_a_seed_left_for_a_resume_runs_as_itself(fake, monkeypatch):
 def test_an_improvement_inside_the_noise_is_flagged():
     from types import SimpleNamespace
 
-    from qtune.search import _objective_pair
+    from qtune.search.result import _objective_pair
 
     def rec(n):
         return SimpleNamespace(number=n, value=None)
@@ -440,7 +440,7 @@ def test_the_anchor_needs_a_clear_margin_over_the_defaults():
 
     import optuna
 
-    from qtune.search import _seed_anchor
+    from qtune.search.runner import _seed_anchor
 
     def study(base: float | None, seed: float, direction: str = "minimize"):
         s = optuna.create_study(direction=direction)
@@ -467,7 +467,7 @@ def test_pick_needs_no_engine_installed_and_launches_nothing(fake, monkeypatch, 
     """Issue 14: ``--pick`` must never launch anything and must not need the
     engine installed.  The profile is the picked trial's launch as it ran
     (the study records the engine that ran it), on the deployed port."""
-    import qtune.search as search
+    import qtune.search.inputs as search
     import qtune.server as server
 
     res = tune(dataclasses.replace(fake, trials=2, confirm_top=0, study="pick"))

@@ -1,0 +1,186 @@
+"""Everything that can fail because of the input, checked before any trial
+or file is created (``prepare``), and the ``Prepared`` study it gives."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qtune.engines import get_engine
+from qtune.engines.base import Engine, Param, SpaceContext
+from qtune.errors import EngineError, InputError
+from qtune.files import check_target
+from qtune.host import HostFacts, probe
+from qtune.model import ModelInfo, resolve_model
+from qtune.objectives import get_objective
+from qtune.search.config import (
+    STUDY_NAME_MAX,
+    TuneConfig,
+    apply_overrides,
+    check_config,
+    check_levels,
+    check_study_name,
+    load_space_file,
+)
+from qtune.search.space import SAMPLERS, make_sampler
+from qtune.search.storage import (
+    check_pickable,
+    check_storage_url,
+    open_storage,
+    recorded_install,
+    storage_path,
+    study_files,
+)
+
+
+@dataclass
+class Prepared:
+    """A study checked and ready to run: what ``prepare`` found, passed to
+    every step of the run.  Built once; the runner's ``_shape`` replaces it
+    (``dataclasses.replace``) with the space the engine narrowed, so a step
+    reads ``params`` and ``fixed`` from the copy it was handed."""
+
+    cfg: TuneConfig  # the flags (with --levels: the load at the top level)
+    host: HostFacts  # the probe
+    engine: Engine
+    ctx: SpaceContext  # host, model, installed engine, its arguments
+    params: list[Param]  # the tuned space
+    fixed: dict[str, Any]  # params every launch gets (--space, the engine's shaping)
+    direction: str  # "minimize", "maximize" or "pareto"
+    study_name: str
+    storage_url: str
+    study_dir: Path  # the study's folder: logs, trials.csv
+    user_set: frozenset[str] = frozenset()  # named in --space: never reshaped
+
+
+def prepare(cfg: TuneConfig) -> Prepared:
+    """Everything that can fail because of the input, checked before any
+    trial or file is created."""
+    # Order: the flags, then the files they name, then the model, then the
+    # host (the probe runs --engine-python), then storage and the study,
+    # and only then the engine: nothing is created or started for an input
+    # that is refused.
+    check_config(cfg)
+    objective = get_objective(cfg.objective)
+    direction = objective.direction
+    engine = get_engine(cfg.engine)
+    if cfg.sampler not in SAMPLERS:
+        raise InputError(f"--sampler: unknown sampler {cfg.sampler!r}",
+                         hint="choose one of " + ", ".join(SAMPLERS))
+    if cfg.out is not None:
+        check_target(cfg.out, "--out", force=cfg.force)
+    if cfg.storage:
+        check_storage_url(cfg.storage)
+        if storage_path(cfg.storage) is None and not cfg.storage.startswith("sqlite"):
+            # A database server: connect now (driver missing, wrong password)
+            # rather than after the probe and the engine check.
+            open_storage(cfg.storage)
+    if cfg.study is not None:
+        # A named study's files are known now: check them before the probe.
+        url, _ = study_files(cfg, cfg.study)
+        if cfg.pick is not None:
+            # A re-pick reads a finished study: refuse a missing one before
+            # anything else (no probe, no engine needed to say so).
+            check_pickable(cfg.pick, cfg.study, url)
+    override = load_space_file(cfg.space_file) if cfg.space_file else None
+    model = resolve_model(cfg.model)
+    need = cfg.workload.max_total_len
+    mml = cfg.max_model_len or model.max_context
+    if cfg.workload.dataset is None and need > mml:
+        raise InputError(
+            f"the longest request (prefix + --input-len + --output-len = {need} "
+            f"tokens) exceeds the model's context length {mml}",
+            hint="shorten the workload or raise --max-model-len",
+        )
+    if objective.needs_slo and not [
+        s for s in cfg.slo if s.metric != "throughput"
+    ]:
+        raise InputError(f"--objective {cfg.objective} needs a latency --slo",
+                         hint="e.g. --slo 'ttft_p99<=500ms,tpot_p99<=50ms'")
+    if cfg.levels:
+        cfg = _with_levels(cfg, direction)
+    host = probe(engine_python=cfg.engine_python)
+    study_name = cfg.study or _default_study_name(model, cfg, host)
+    storage_url, study_dir = study_files(cfg, study_name)
+    if cfg.pick is not None:
+        if cfg.study is None:  # (a named study was checked above)
+            check_pickable(cfg.pick, study_name, storage_url)
+        # A re-pick launches nothing: the study's trials are all there is.
+        cfg = dataclasses.replace(cfg, trials=0, confirm_top=0)
+    install = host.engines.get(cfg.engine)
+    if install is None and cfg.pick is not None:
+        # A re-pick writes the profile of a trial that ran: the engine that
+        # ran it, as the study recorded it, and the trial's own command.
+        install = recorded_install(storage_url, study_name)
+    if install is None:
+        raise EngineError(
+            f"{cfg.engine} is not installed for {host.engines.python}"
+            + (f" ({host.engines.error})" if host.engines.error else ""),
+            hint="pip install 'qtune[cpu]' on a CPU host or 'qtune[vllm]' on a GPU "
+            "host, or pass --engine-python PATH of the engine's environment",
+        )
+    if install.build == "cuda" and not host.gpus and cfg.pick is None:
+        raise EngineError(
+            f"vLLM {install.version} is a CUDA build but no NVIDIA GPU is visible",
+            hint=host.gpu.note or "install the CPU build: pip install 'qtune[cpu]'",
+        )
+    engine_args = None
+    if cfg.pick is None:
+        engine_args = engine.read_args(install)
+    ctx = SpaceContext(host, model, install, cfg.max_model_len, engine_args,
+                       exact=cfg.exact)
+    params = engine.space(ctx)
+    fixed: dict[str, Any] = {}
+    if override is not None:
+        params, fixed = apply_overrides(params, override, engine_args)
+    make_sampler(cfg.sampler, params, cfg.seed, cfg.trials)  # fail before any file
+    user_set = frozenset(override.entries) if override is not None else frozenset()
+    return Prepared(cfg, host, engine, ctx, params, fixed, direction, study_name,
+                    storage_url, study_dir, user_set)
+
+
+def _with_levels(cfg: TuneConfig, direction: str) -> TuneConfig:
+    """Check ``--levels`` and make the highest level the study's load (the
+    one the sampler's own trials record, shaping and pruning use)."""
+    wl = cfg.workload
+    if direction != "pareto":
+        raise InputError("--levels needs --objective pareto",
+                         hint="each level is a point of the throughput/latency front; "
+                         "for one load, use --rate or --concurrency")
+    if wl.dataset:
+        raise InputError("--levels cannot be combined with --dataset",
+                         hint="later levels would re-send the file's prompts and prefix "
+                         "caching would flatter them; use synthetic prompts")
+    if wl.concurrency is not None and any(v != int(v) for v in cfg.levels):
+        raise InputError(f"--levels {','.join(f'{v:g}' for v in cfg.levels)}: with "
+                         "--concurrency the levels are stream counts",
+                         hint="use whole numbers, e.g. --levels 2,4,8")
+    levels = check_levels(cfg.levels)
+    top = levels[-1]
+    return dataclasses.replace(cfg, levels=levels, workload=at_load(
+        wl, int(top) if wl.concurrency is not None else top))
+
+
+def _default_study_name(model: ModelInfo, cfg: TuneConfig, host: HostFacts) -> str:
+    wl = cfg.workload
+    load = f"r{wl.rate:g}" if wl.rate is not None else f"c{wl.concurrency or 1}"
+    raw = (f"{model.served_name}-{cfg.engine}-{host.fingerprint()['id'][:6]}"
+           f"-i{wl.input_len}-o{wl.output_len}-{load}-{cfg.objective}")
+    # The model's folder name is anyone's: keep the safe alphabet, no
+    # leading dot, no "..", and a length check_study_name accepts.
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", raw)
+    name = re.sub(r"\.{2,}", ".", name).strip("-.")[:STUDY_NAME_MAX].rstrip("-.")
+    return check_study_name(name or "study", "study name")
+
+
+def at_load(wl: Any, value: float | None) -> Any:
+    import dataclasses
+
+    if value is None:
+        return wl
+    if wl.concurrency is not None:
+        return dataclasses.replace(wl, concurrency=int(value))
+    return dataclasses.replace(wl, rate=value)

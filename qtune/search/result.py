@@ -1,0 +1,333 @@
+"""What a study found: the winner (one rule for the search and ``qtune
+report``), the Pareto front and its knee, the profile, the trials table."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from qtune import __version__
+from qtune.engines import gpus_used
+from qtune.errors import InputError, mask_url, redact
+from qtune.files import write_atomic
+from qtune.host import placement
+from qtune.objectives import pareto_latency
+from qtune.profile import EngineInfo, Profile, StudyRef
+from qtune.search.inputs import Prepared, at_load
+from qtune.search.records import LAUNCHED, Attr, StudyAttr, TrialRecord, TrialStatus, ran_trials
+
+
+@dataclass
+class TuneResult:
+    study_name: str
+    storage: str
+    best: TrialRecord | None
+    baseline: TrialRecord | None
+    trials: list[TrialRecord]
+    profile_path: Path | None
+    profile: Profile | None
+    improvement: float | None  # best vs baseline, in the objective's sense
+    memory_estimate: dict[str, Any] | None = None  # prediction vs launches
+    pruning: dict[str, Any] | None = None  # trials stopped early, time saved
+    stop_reason: str | None = None  # why fewer than --trials were launched
+    pareto_front: list[dict[str, Any]] | None = None  # --objective pareto
+
+
+def estimate_accuracy(trials: list[TrialRecord], attrs: dict[int, dict[str, Any]]
+                      ) -> dict[str, Any]:
+    """How the memory prediction compared with what launches did."""
+    launched = [t for t in trials
+                if t.status in LAUNCHED
+                and Attr.MEMORY_ESTIMATE in attrs.get(t.number, {})]
+    right = sum(1 for t in launched
+                if attrs[t.number][Attr.MEMORY_ESTIMATE]["fits"] == (t.reason != "oom"))
+    return {
+        "launches_avoided": sum(1 for t in trials if t.reason == "predicted_oom"),
+        "launched_with_prediction": len(launched),
+        "prediction_right": right,
+        "oom_at_start_despite_fit": sum(
+            1 for t in launched
+            if t.reason == "oom" and attrs[t.number][Attr.MEMORY_ESTIMATE]["fits"]),
+    }
+
+
+def best_trial(study: optuna.Study, pick: int | None = None) -> TrialRecord | None:
+    """The best feasible trial; ``pick`` chooses one by number instead.  For
+    a Pareto study, the knee of the front (see ``knee``)."""
+    recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
+    feas = [r for r in recs if r.feasible and r.value is not None]
+    if pick is not None:
+        return next((r for r in feas if r.number == pick and r.status == TrialStatus.OK), None)
+    if not feas:
+        return None
+    if len(study.directions) > 1:
+        return knee(pareto_front(feas))
+    sign = -1 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1
+    return min(feas, key=lambda r: sign * r.value)  # type: ignore[operator]
+
+
+def winner(study: optuna.Study, pick: int | None = None) -> TrialRecord | None:
+    """The trial a study's profile is written from, for the search and
+    ``qtune report`` alike: trial ``pick`` when given; else, once the top
+    configs were re-measured, the best *median* over the confirmation
+    repeats; else the best single run (``best_trial``)."""
+    best = best_trial(study, pick)
+    confirmation = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
+    if best is None or not confirmation or pick is not None:
+        return best
+    maximize = len(study.directions) == 1 and \
+        study.direction == optuna.study.StudyDirection.MAXIMIZE
+    sign = -1 if maximize else 1
+    # A config whose re-run failed (start or requests) cannot win while
+    # another re-ran cleanly.
+    clean = [k for k, c in confirmation.items() if not c.get("failures")]
+    n = min(clean or list(confirmation), key=lambda k: sign * confirmation[k]["median"])
+    return next(TrialRecord.from_frozen(t) for t in ran_trials(study) if t.number == int(n))
+
+
+def pareto_front(recs: list[TrialRecord]) -> list[TrialRecord]:
+    """Trials no other trial beats on both throughput and latency, by
+    throughput (ascending)."""
+    pts = [r for r in recs if r.values]
+    front = [r for r in pts if not any(
+        o.values[0] >= r.values[0] and o.values[1] <= r.values[1]  # type: ignore[index]
+        and o.values != r.values for o in pts)]
+    return sorted(front, key=lambda r: r.values[0])  # type: ignore[index]
+
+
+def knee(front: list[TrialRecord]) -> TrialRecord | None:
+    """The front point with the most throughput for its latency: the largest
+    normalised throughput minus normalised latency.  The ends of the front
+    (all throughput, or all latency) are what ``--pick`` is for."""
+    if not front:
+        return None
+    thr = [r.values[0] for r in front]  # type: ignore[index]
+    lat = [r.values[1] for r in front]  # type: ignore[index]
+
+    def norm(v: float, vs: list[float]) -> float:
+        return (v - min(vs)) / (max(vs) - min(vs)) if max(vs) > min(vs) else 0.0
+
+    best = max(range(len(front)), key=lambda i: norm(thr[i], thr) - norm(lat[i], lat))
+    return front[best]
+
+
+def finish(prep: Prepared, study: optuna.Study) -> TuneResult:
+    cfg = prep.cfg
+    trials = [TrialRecord.from_frozen(t) for t in ran_trials(study)]
+    _export_trials(study, prep.study_dir / "trials.csv")
+    best = winner(study, cfg.pick)
+    feasible = [r for r in trials if r.feasible and r.status == TrialStatus.OK]
+    front = pareto_front(feasible) if prep.direction == "pareto" else []
+    front_view = _front_view(front, pareto_latency(cfg.objective) or "") if front else None
+    if cfg.pick is not None and best is None:
+        choices = [r.number for r in (front or feasible)]
+        raise InputError(
+            f"--pick {cfg.pick}: trial {cfg.pick} of study {prep.study_name} is not a "
+            "fully measured, feasible trial",
+            hint=("pick one of trials " + ", ".join(map(str, choices))) if choices
+            else "no trial can be picked yet: run more trials",
+        )
+    # With --levels, the defaults at the best point's own load.
+    level = best.load_level if best is not None else None
+    baseline = next((r for r in trials if r.baseline and r.status == TrialStatus.OK
+                     and r.load_level == level), None)
+    baseline = baseline or next((r for r in trials if r.baseline), None)
+    improvement = None
+    pair = _objective_pair(study, best, baseline) if best is not None else {}
+    if best and baseline and baseline.value and best.value is not None:
+        b, w = pair["baseline"], pair["best"]
+        if prep.direction in ("minimize", "pareto"):  # pareto: its latency
+            improvement = b / w if w else None
+        else:
+            improvement = w / b
+    profile = path = None
+    if best is not None:
+        profile = build_profile(prep, study, best, baseline, len(trials),
+                                {**pair, "improvement": improvement}, front_view)
+        # absolute(), not resolve(): a link is refused (checked), not followed.
+        path = (cfg.out or (cfg.profiles_dir / f"{prep.study_name}.yaml")).absolute()
+        write_atomic(path, profile.dump(), force=cfg.force, what="--out")
+    attrs = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
+    accuracy = estimate_accuracy(trials, attrs)
+    # Saved time, estimated: the share of each pruned trial's requests never
+    # sent, times what a full measurement takes (median over unpruned trials).
+    full = sorted(t.measure_s for t in trials
+                  if t.status == TrialStatus.OK and t.measure_s and t.server_of is None)
+    typical = full[len(full) // 2] if full else 0.0
+    unsent = [a[Attr.REQUESTS_UNSENT] for a in attrs.values() if Attr.REQUESTS_UNSENT in a]
+    pruning = {"pruned": len(unsent),
+               "measure_s_saved": round(sum(unsent) * typical, 3)}
+    return TuneResult(prep.study_name, prep.storage_url, best, baseline, trials,
+                      path, profile, improvement, accuracy, pruning, pareto_front=front_view)
+
+
+def _front_view(front: list[TrialRecord], latency: str) -> list[dict[str, Any]]:
+    return [{"trial": r.number, "throughput": r.values[0],  # type: ignore[index]
+             latency: r.values[1], "params": r.params,  # type: ignore[index]
+             **({"load": r.load_level} if r.load_level is not None else {})}
+            for r in front]
+
+
+def trials_frame(study: optuna.Study) -> Any:
+    """The trials as a table: the CSV next to the study and `qtune report`'s."""
+    import pandas as pd
+
+    rows = []
+    for t in ran_trials(study):
+        r = TrialRecord.from_frozen(t)
+        s = r.summary or {}
+        row: dict[str, Any] = {
+            "trial": r.number, "baseline": r.baseline, "status": str(r.status),
+            "reason": r.reason, "value": r.value, "feasible": r.feasible,
+            # A failure's detail is a line of the server's log: masked like
+            # every text qtune writes (a token in a log line stays out).
+            "startup_s": r.startup_s, "measure_s": r.measure_s,
+            "detail": redact(r.detail) if r.detail else r.detail,
+        }
+        if r.load_level is not None:  # --levels: the load, and whose server
+            row["load_level"], row["server_of"] = r.load_level, r.server_of
+        row.update({f"param.{k}": v for k, v in r.params.items()})
+        for m in ("ttft", "tpot", "itl", "e2e"):
+            for p in ("p50", "p90", "p99"):
+                row[f"{m}_{p}_ms"] = (s.get(f"{m}_ms") or {}).get(p)
+        row["req_per_s"] = s.get("request_throughput")
+        row["out_tok_per_s"] = s.get("output_token_throughput")
+        row["failed"] = s.get("failed")
+        rows.append(row)
+    if not rows:  # a study with no trial yet: the columns, no rows
+        return pd.DataFrame(columns=["trial", "baseline", "status", "reason", "value",
+                                     "feasible", "startup_s", "measure_s", "detail",
+                                     "req_per_s", "out_tok_per_s", "failed"])
+    return pd.DataFrame(rows)
+
+
+def _export_trials(study: optuna.Study, path: Path) -> None:
+    # qtune's own file under studies/: replaced even if read-only, but never
+    # through a link or over a device (write_atomic checks).
+    write_atomic(path, trials_frame(study).to_csv(index=False), force=True,
+                 what="trials table")
+
+
+def _metrics_view(rec: TrialRecord | None) -> dict[str, Any] | None:
+    if rec is None or rec.summary is None:
+        return None
+    s = rec.summary
+    view: dict[str, Any] = {"trial": rec.number}
+    for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        if s.get(m):
+            view[m] = {k: round(v, 3) for k, v in s[m].items()}
+    for k in ("request_throughput", "output_token_throughput"):
+        view[k] = round(s[k], 4)
+    view.update({k: s[k] for k in ("completed", "failed", "truncated")})
+    return view
+
+
+def _spread(conf: dict[str, Any]) -> tuple[float, float]:
+    if conf.get("ci95"):
+        lo, hi = conf["ci95"]
+        return float(lo), float(hi)
+    vals = conf.get("values") or [conf["median"]]
+    return float(min(vals)), float(max(vals))
+
+
+def _objective_pair(study: optuna.Study, best: TrialRecord,
+                    baseline: TrialRecord | None) -> dict[str, Any]:
+    """The winner's and the defaults' objective as the improvement compares
+    them: the medians of the confirmation rounds when both were re-measured
+    (the winner is picked by median, so its first run may be worse than the
+    defaults' first run), else each one's single run."""
+    conf = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
+    if baseline is not None and str(best.number) in conf and str(baseline.number) in conf:
+        w, b = conf[str(best.number)], conf[str(baseline.number)]
+        out = {"best": w["median"], "baseline": b["median"],
+               "basis": "median of the confirmation runs"}
+        if best.number != baseline.number:
+            # Overlapping intervals (or, under 3 runs, ranges): the gain is
+            # within this host's noise (seen on CPU: 1.05x here, then
+            # 1.00x [0.87, 1.32] in verify).
+            (wl, wh), (bl, bh) = _spread(w), _spread(b)
+            out["separated"] = bool(wh < bl or bh < wl)
+        return out
+    return {"best": best.value, "baseline": baseline.value if baseline else None,
+            "basis": "one run each"}
+
+
+def _as_ran(study: optuna.Study, rec: TrialRecord) -> Any:
+    """A picked trial's launch as it ran (its command and env from the
+    study), on the deployed port: --pick needs no engine installed."""
+    from types import SimpleNamespace
+
+    a = study.get_trials(deepcopy=False)[rec.number].user_attrs
+    argv = list(a.get(Attr.ARGV) or [])
+    if "--port" in argv[:-1]:
+        argv[argv.index("--port") + 1] = "8000"
+    return SimpleNamespace(argv=argv, env=dict(a.get(Attr.ENV) or {}))
+
+
+def build_profile(
+    prep: Prepared,
+    study: optuna.Study,
+    best: TrialRecord,
+    baseline: TrialRecord | None,
+    n_trials: int,
+    objective: dict[str, Any],
+    pareto_front: list[dict[str, Any]] | None = None,
+) -> Profile:
+    """``objective``: best, baseline, basis and improvement, as ``finish``
+    compared them (``_objective_pair``)."""
+    cfg = prep.cfg
+    # The trial ran on a random port; the deployed server gets a fixed one.
+    spec = prep.engine.launch_spec(best.params, prep.ctx, host="127.0.0.1", port=8000) \
+        if cfg.pick is None else _as_ran(study, best)
+    notes = []
+    if prep.ctx.model.load_format == "dummy":
+        notes.append("tuned with random weights (--load-format dummy): swap in the "
+                     "real checkpoint folder before serving real traffic")
+    if baseline and baseline.status == TrialStatus.INVALID:
+        notes.append(f"baseline (engine defaults) not launched: {baseline.detail}")
+    elif baseline and baseline.status != TrialStatus.OK:
+        notes.append(f"baseline (engine defaults) failed to start: {baseline.reason}: "
+                     f"{baseline.detail}")
+    base_note = study.trials[baseline.number].user_attrs.get(Attr.BASELINE_NOTE) \
+        if baseline else None
+    if base_note:
+        notes.append(base_note)
+    if objective.get("separated") is False:
+        notes.append("the winner's confirmation runs overlap the engine defaults': the "
+                     "improvement is within this host's run-to-run noise; qtune verify "
+                     "--repeat 5 measures it with more starts")
+    return Profile(
+        name=prep.study_name,
+        created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        qtune_version=__version__,
+        engine=EngineInfo(name=prep.ctx.install.name, version=prep.ctx.install.version,
+                          build=prep.ctx.install.build),
+        model=prep.ctx.model.summary(),
+        params=dict(best.params),
+        env=dict(spec.env),
+        argv=list(spec.argv),
+        metrics={
+            "objective": {"name": cfg.objective, "direction": prep.direction,
+                          **objective},
+            "best": _metrics_view(best),
+            "baseline": _metrics_view(baseline),
+            "startup_s": best.startup_s,
+            "confirmation": study.user_attrs.get(StudyAttr.CONFIRMATION) or None,
+            "pareto_front": pareto_front,
+        },
+        # A --levels point is a profile for the load it was measured at.
+        workload=(cfg.workload if best.load_level is None
+                  else at_load(cfg.workload, best.load_level)).to_dict(),
+        slo=[str(s) for s in cfg.slo],
+        host=prep.host.fingerprint(),
+        placement=placement(prep.host, gpus_used(prep.engine, best.params)),
+        # A profile is passed around: never the storage's password.
+        study=StudyRef(storage=mask_url(prep.storage_url), name=prep.study_name,
+                       trial=best.number, trials_run=n_trials,
+                       baseline_trial=baseline.number if baseline else None),
+        notes=notes,
+    )

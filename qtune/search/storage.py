@@ -1,0 +1,181 @@
+"""Where a study is stored: the storage URL, its journal or database file,
+and the files a study writes, checked before anything is created; opening
+storage (read-only for ``qtune report`` and ``--pick``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from qtune.errors import InputError, StudyError, mask_url, printable
+from qtune.files import check_target
+from qtune.host.installed import EngineInstall
+from qtune.search.config import TuneConfig, check_study_name
+from qtune.search.records import StudyAttr, TrialRecord, TrialStatus
+
+_STORAGE_HINT = ("e.g. sqlite:///studies/x.db, postgresql://user@host/db, or "
+                 "journal:///path/file.log")
+
+
+def check_storage_url(url: str) -> None:
+    """What can be known of a storage URL without connecting: a URL, and
+    for the file-backed ones, a folder that exists (qtune creates none
+    outside studies/) and a journal that ends in a whole record."""
+    shown = printable(mask_url(url))
+    if "://" not in url:
+        # Not echoed: a mistyped URL may still hold a password.
+        raise InputError("--storage: not a URL (no scheme://)", hint=_STORAGE_HINT)
+    path = storage_path(url)
+    if path is None:
+        return
+    if not path.name:
+        raise StudyError(f"--storage {shown}: names no file", hint=_STORAGE_HINT)
+    if not path.parent.is_dir():
+        raise StudyError(
+            f"--storage {shown}: folder {printable(str(path.parent))} does not exist",
+            hint=f"create it first (mkdir -p {printable(str(path.parent))}); qtune "
+            "does not create folders for a storage URL")
+    if path.exists():
+        check_journal(path) if url.startswith("journal://") else _regular(path)
+
+
+def storage_path(url: str) -> Path | None:
+    """The file of a journal or sqlite URL (None: not file-backed, or
+    sqlite in memory)."""
+    if url.startswith("journal://"):
+        return Path(url[len("journal://"):])
+    if url.startswith("sqlite:///"):
+        rest = url[len("sqlite:///"):].partition("?")[0]
+        return Path(rest) if rest and rest != ":memory:" else None
+    return None
+
+
+def _regular(path: Path) -> None:
+    if path.is_symlink() or not path.is_file():
+        raise StudyError(f"storage {printable(str(path))} is not a regular file",
+                         hint="point the storage URL at the study's own file")
+
+
+def check_journal(path: Path) -> None:
+    """Refuse a journal whose last record is cut short (a qtune killed mid-
+    write, a full disk): Optuna would append the next record onto the
+    partial line, after which the whole study is unreadable."""
+    _regular(path)
+    size = path.stat().st_size
+    if size == 0:
+        return
+    with open(path, "rb") as f:
+        # The last line: read back from the end until a newline before it.
+        chunk, pos, tail = 1 << 16, size, b""
+        while pos > 0:
+            step = min(chunk, pos)
+            pos -= step
+            f.seek(pos)
+            tail = f.read(step) + tail
+            if tail.rstrip(b"\n").rfind(b"\n") >= 0 or len(tail) > (64 << 20):
+                break
+    last = tail.rstrip(b"\n").rpartition(b"\n")[2]
+    whole = tail.endswith(b"\n")
+    if whole:
+        try:
+            import json
+
+            json.loads(last)
+        except ValueError:
+            whole = False
+    if not whole:
+        keep = size - len(last) - (1 if tail.endswith(b"\n") else 0)
+        shown = printable(str(path))
+        raise StudyError(
+            f"journal {shown} ends in a partial record ({size - keep} bytes after the "
+            "last whole one): appending to it would make the study unreadable",
+            hint=f"a qtune run was cut off mid-write; drop the partial record with "
+            f"'truncate -s {keep} {shown}' (qtune report still reads the study)")
+
+
+def _storage(cfg: TuneConfig, name: str) -> tuple[str, Path]:
+    """The storage URL and the study's folder.  ``name`` is checked: every
+    file a study writes stays under studies/ and profiles/."""
+    check_study_name(name)
+    study_dir = (cfg.studies_dir / name).absolute()
+    if cfg.storage:
+        check_storage_url(cfg.storage)
+        return cfg.storage, study_dir
+    journal = (cfg.studies_dir / (name + ".log")).absolute()
+    if journal.exists() or journal.is_symlink():
+        check_journal(journal)
+    return f"journal://{journal}", study_dir
+
+
+def study_files(cfg: TuneConfig, name: str) -> tuple[str, Path]:
+    """The storage URL and study folder, with every file the study will
+    write checked: the journal, the profile, the trials table."""
+    url, study_dir = _storage(cfg, name)
+    if cfg.out is None:
+        check_target(cfg.profiles_dir / f"{name}.yaml", "profile", force=cfg.force)
+    check_target(study_dir / "trials.csv", "trials table", force=True)
+    return url, study_dir
+
+
+def recorded_install(url: str, name: str) -> EngineInstall | None:
+    """The engine a study ran with, as it recorded it (None for a study
+    from before qtune recorded it)."""
+    study = optuna.load_study(study_name=name, storage=open_storage(url, read_only=True))
+    rec = study.user_attrs.get(StudyAttr.ENGINE_INSTALL)
+    return EngineInstall(**rec) if isinstance(rec, dict) else None
+
+
+def check_pickable(pick: int, name: str, url: str) -> None:
+    """``--pick`` re-picks from a study that exists: refuse a missing study
+    or a trial that cannot be picked, reading the storage only."""
+    try:
+        study = optuna.load_study(study_name=name,
+                                  storage=open_storage(url, read_only=True))
+    except KeyError:
+        raise StudyError(f"--pick {pick}: no study {name!r} in {mask_url(url)}",
+                         hint="--pick writes the profile of a trial of a finished "
+                         "study; run the search first (without --pick)") from None
+    recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
+    ok = [r.number for r in recs if r.feasible and r.value is not None
+          and r.status == TrialStatus.OK]
+    if pick not in ok:
+        raise InputError(
+            f"--pick {pick}: trial {pick} of study {name} is not a fully measured, "
+            "feasible trial",
+            hint=("pick one of trials " + ", ".join(map(str, ok))) if ok
+            else "no trial can be picked yet: run more trials")
+
+
+def open_storage(url: str, *, read_only: bool = False) -> optuna.storages.BaseStorage:
+    """Open a storage.  Folders are created only for a journal (the default
+    one under studies/; a --storage journal's folder was checked to exist);
+    ``read_only`` (report, --pick) creates nothing: the file must exist, and
+    sqlite is opened read-only."""
+    path = storage_path(url)
+    if read_only and path is not None and not path.is_file():
+        raise StudyError(f"no storage file {printable(str(path))}",
+                         hint="check --study / --storage; report and --pick read an "
+                         "existing study and create nothing")
+    try:
+        if url.startswith("journal://"):
+            from optuna.storages.journal import JournalFileBackend
+
+            assert path is not None
+            if not read_only:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        if read_only and path is not None:
+            # SQLite's own read-only mode: not even a table is created.
+            url = f"sqlite:///file:{path.absolute()}?mode=ro&uri=true"
+        # No heartbeat: Optuna runs it only under Study.optimize, and qtune
+        # drives ask/tell; trials a killed run left RUNNING are failed on
+        # resume instead (run_study).  SQLite gets a lock timeout.
+        kwargs = {"connect_args": {"timeout": 20.0}} if url.startswith("sqlite") else {}
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    except Exception as exc:  # sqlalchemy/driver errors vary widely
+        raise StudyError(
+            f"cannot open storage {mask_url(url)}: {type(exc).__name__}: "
+            f"{exc}".splitlines()[0][:300],
+            hint="check the URL; PostgreSQL needs 'pip install psycopg2-binary'",
+        ) from None

@@ -1,0 +1,269 @@
+"""One trial: launch the config's server, measure it (``qtune.measure``),
+tell the study what it taught (measured, refused, failed to start, pruned),
+and the ``--levels`` points measured on the same server."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from qtune.errors import ServerError
+from qtune.measure import Measurement, ServerDied, measure_load, measure_server
+from qtune.metrics import metric_value
+from qtune.objectives import get_objective
+from qtune.search.config import TuneConfig
+from qtune.search.inputs import Prepared, at_load
+from qtune.search.pruning import make_pruner
+from qtune.search.records import Attr, TrialRecord, TrialStatus, feasible, write_record
+from qtune.search.reporter import Reporter
+from qtune.search.result import best_trial
+from qtune.server import free_port
+
+# Infrastructure faults say nothing about the configuration: retry them.
+_RETRYABLE = {"port_in_use"}
+
+
+def refuse(study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], reason: str,
+            detail: str, reporter: Reporter) -> None:
+    """Record a config refused without a launch (pruned: TPE ranks it below
+    every run, so it learns the region)."""
+    rec = TrialRecord(trial.number, params, TrialStatus.INVALID, reason=reason, detail=detail)
+    write_record(trial, rec)
+    study.tell(trial, state=TrialState.PRUNED)
+    reporter.trial_done(rec, best_trial(study))
+
+
+def estimate_memory(prep: Prepared, params: dict[str, Any]) -> Any:
+    try:
+        return prep.engine.estimate(params, prep.ctx)
+    except (KeyError, ValueError, TypeError, ZeroDivisionError):
+        return None  # an unusual config.json: no prediction rather than no study
+
+
+def run_trial(
+    prep: Prepared,
+    study: optuna.Study,
+    trial: optuna.Trial,
+    params: dict[str, Any],
+    reporter: Reporter,
+) -> None:
+    try:
+        lower = _run_trial_inner(prep, study, trial, params, reporter)
+        for level, m in lower:
+            _add_level_point(prep, study, trial, params, level, m, reporter)
+    except BaseException:
+        # Ctrl-C or SIGTERM mid-trial: the server is already stopped by its
+        # context manager; close the trial so a resume does not see it RUNNING.
+        try:
+            study.tell(trial, state=TrialState.FAIL)
+        except (ValueError, RuntimeError):
+            pass  # already told
+        raise
+
+
+def _run_trial_inner(
+    prep: Prepared,
+    study: optuna.Study,
+    trial: optuna.Trial,
+    params: dict[str, Any],
+    reporter: Reporter,
+) -> list[tuple[float, Measurement]]:
+    """Launch, measure, tell.  Returns the --levels points measured on this
+    server below the study's load, for the caller to add as trials."""
+    cfg = prep.cfg
+    n = trial.number
+    baseline = bool(trial.user_attrs.get(Attr.BASELINE))
+    lower: list[tuple[float, Measurement]] = []
+    t0 = time.monotonic()
+    log_path = prep.study_dir / f"trial-{n:03d}.log"
+    rec = TrialRecord(n, params, TrialStatus.OK, baseline=baseline, log=str(log_path))
+    best = best_trial(study)
+    capacity = cfg.objective == "capacity"
+    watch = None if baseline or capacity else make_pruner(
+        cfg, best.value if best and prep.direction != "pareto" else None)
+
+    def ready(startup_s: float) -> None:
+        rec.startup_s = startup_s
+
+    def progress(text: str) -> None:
+        reporter.trial_phase(n, "measuring", text)
+
+    for attempt in range(3):
+        port = free_port()
+        spec = prep.engine.launch_spec(params, prep.ctx, host="127.0.0.1", port=port)
+        rec.argv, rec.env = list(spec.argv), dict(spec.env)
+        reporter.trial_phase(n, "starting", _short(params) or "engine defaults")
+
+        def before(spec: Any = spec) -> None:
+            nonlocal lower
+            lower = _lower_levels(prep, spec, n, reporter) if cfg.levels else []
+            reporter.trial_phase(n, "measuring", cfg.workload.mode)
+
+        try:
+            m = measure_server(
+                spec, log_path, bench_config(prep, spec, cfg.workload),
+                startup_timeout=cfg.startup_timeout, classify=prep.engine.classify,
+                progress=progress, watch=watch, capacity=capacity,
+                on_tick=lambda s: reporter.trial_phase(n, "starting", f"{s:.0f} s"),
+                on_ready=ready, before=before,
+                # A server that died under load is a failed config, not a
+                # slow one: checked before the numbers are trusted.
+                check_alive=True)
+            rec.measure_s = m.measure_s
+            break
+        except ServerError as exc:
+            if isinstance(exc, ServerDied):
+                rec.measure_s = exc.measurement.measure_s
+            if exc.reason in _RETRYABLE and attempt < 2:
+                continue
+            rec.status = (TrialStatus.STARTUP_FAILED if rec.measure_s is None
+                          else TrialStatus.LOAD_FAILED)
+            rec.reason, rec.detail = exc.reason, exc.detail or exc.message
+            knobs = (prep.engine.memory_asks(rec.detail or "") if rec.measure_s is None
+                     else ())
+            asked = {k: params[k] for k in knobs if k in params}
+            if asked:  # what this start asked for: learned, see _learned_refusal
+                trial.set_user_attr(Attr.OVER_REQUEST, asked)
+            rec.total_s = time.monotonic() - t0
+            write_record(trial, rec)
+            study.tell(trial, state=TrialState.PRUNED)
+            reporter.trial_done(rec, best_trial(study))
+            return []  # a server that died: its lower levels are not kept either
+    summary = m.to_dict()
+    rec.summary = summary
+    rec.total_s = time.monotonic() - t0
+    if cfg.levels:
+        rec.load_level = _level_of(cfg.workload)
+        trial.set_user_attr(Attr.LOAD_LEVEL, rec.load_level)
+    if m.stopped_early and m.stopped_early != "saturated":
+        # Pruned mid-measurement: tell TPE how far it got, not a full value.
+        done = m.completed + m.failed
+        planned = cfg.workload.requests or done
+        partial = get_objective(cfg.objective).value(summary)
+        # Optuna has no intermediate values for multi-objective studies.
+        if partial is not None and not math.isnan(partial) and prep.direction != "pareto":
+            trial.report(partial, step=done)
+        rec.status, rec.reason = TrialStatus.PRUNED, "pruned"
+        # Percentiles over the requests that finished before the stop would
+        # read better than the truth: keep them apart from real summaries.
+        trial.set_user_attr(Attr.PARTIAL_SUMMARY, summary)
+        rec.summary = None
+        trial.set_user_attr(Attr.REQUESTS_UNSENT, max(planned - done, 0) / max(planned, 1))
+        rec.detail = (f"{m.stopped_early} after {done}/{planned} requests")
+        write_record(trial, rec)
+        study.tell(trial, state=TrialState.PRUNED)
+        reporter.trial_done(rec, best_trial(study))
+        return lower
+    for name, violation in _constraints(cfg, summary).items():
+        trial.set_constraint(name, violation)
+    write_record(trial, rec)
+    values = _values(prep, summary)
+    rec.value = values[-1]  # pareto: the latency
+    if prep.direction == "pareto":
+        rec.values = values
+        study.tell(trial, values)
+    else:
+        study.tell(trial, values[0])
+    rec.feasible = feasible(study.get_trials(deepcopy=False)[n])
+    reporter.trial_done(rec, best_trial(study))
+    return lower
+
+
+def _constraints(cfg: TuneConfig, summary: dict[str, Any]) -> dict[str, float]:
+    """A measured trial's constraints (feasible when all are <= 0): failed
+    requests, and each SLO's violation."""
+    out = {"failed_requests": float(summary["failed"])}
+    if summary.get("contaminated"):
+        # Measured on cached prefills: not the workload asked for, so it
+        # may not win (qtune.bench.CONTAMINATED_HIT_RATE).
+        out["contaminated"] = 1.0
+    for slo in cfg.slo:
+        out[str(slo)] = slo.violation(metric_value(summary, slo.metric))
+    return out
+
+
+def _values(prep: Prepared, summary: dict[str, Any]) -> list[float]:
+    """What the study is told: [objective], or [throughput, latency] for
+    pareto."""
+    value = get_objective(prep.cfg.objective).value(summary)
+    if value is None or math.isnan(value):
+        # Nothing succeeded: no latency to rank.  Worst possible value keeps
+        # the trial informative without a NaN (which Optuna marks FAIL).
+        value = 0.0 if prep.direction == "maximize" else 1e12
+    if prep.direction == "pareto":
+        return [metric_value(summary, "throughput") or 0.0, value]
+    return [value]
+
+
+def bench_config(prep: Prepared, spec: Any, wl: Any) -> Any:
+    """How a trial measures ``wl`` on the server of ``spec``."""
+    from qtune.bench import BenchConfig
+
+    return BenchConfig(urls=[spec.base_url], workload=wl, model=spec.served_model,
+                       tokenizer=prep.ctx.model.tokenizer_dir, slo=prep.cfg.slo,
+                       metric_names=prep.engine.metric_names(),
+                       reset_paths=prep.engine.cache_reset_paths())
+
+
+def _level_of(wl: Any) -> float:
+    return float(wl.rate if wl.rate is not None else wl.concurrency)
+
+
+def _lower_levels(prep: Prepared, spec: Any, n: int,
+                  reporter: Reporter) -> list[tuple[float, Measurement]]:
+    """``--levels``: measure the levels below the study's load (its highest
+    level) on the server already up, lightest first.  Sharing one server is
+    valid here because nothing a level leaves behind changes the next: each
+    level has its own warm-up and its own prompts (another seed, so prefix
+    caching cannot reuse the previous level's), and every request of a level
+    has finished before the next starts."""
+    cfg = prep.cfg
+    out = []
+    for i, level in enumerate(sorted(cfg.levels)[:-1]):
+        wl = dataclasses.replace(at_load(cfg.workload, level),
+                                 seed=cfg.workload.seed + 7919 * (i + 1))
+
+        def progress(text: str, level: float = level) -> None:
+            reporter.trial_phase(n, "measuring", f"level {level:g}: {text}")
+
+        # Kept with the point: its own measuring time and when it ran (the
+        # trial itself is only created once the launch's top level is told).
+        out.append((level, measure_load(spec, bench_config(prep, spec, wl),
+                                        progress=progress)))
+    return out
+
+
+def _add_level_point(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
+                     params: dict[str, Any], level: float, m: Measurement,
+                     reporter: Reporter) -> None:
+    """One --levels point as a trial of its own: the same engine config (and
+    sampled params) as ``trial``, whose server it shared."""
+    frozen = study.get_trials(deepcopy=False)[trial.number]
+    # "baseline" is copied on purpose: a point of the defaults' server is the
+    # defaults at that load (the improvement at a level compares with it).
+    attrs = {k: v for k, v in frozen.user_attrs.items()
+             if k in (Attr.LAUNCH_PARAMS, Attr.ARGV, Attr.ENV, Attr.LOG, Attr.STARTUP_S,
+                      Attr.BASELINE)}
+    summary = m.to_dict()
+    measured = {Attr.STARTED: m.started, Attr.FINISHED: m.finished,
+                Attr.MEASURE_S: m.measure_s}
+    attrs.update({Attr.STATUS: str(TrialStatus.OK), Attr.SUMMARY: summary,
+                  Attr.LOAD_LEVEL: level, Attr.SERVER_OF: trial.number, **measured})
+    study.add_trial(optuna.trial.create_trial(
+        values=_values(prep, summary), params=frozen.params,
+        distributions=frozen.distributions, user_attrs=attrs,
+        constraints=_constraints(prep.cfg, summary)))
+    # Found by its attributes, not as "the last trial": storage may be shared.
+    added = next(TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)
+                 if t.user_attrs.get(Attr.SERVER_OF) == trial.number
+                 and t.user_attrs.get(Attr.LOAD_LEVEL) == level)
+    reporter.trial_done(added, best_trial(study))
+
+
+def _short(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
