@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_profile import sample_profile
+from tests.fakes.profile import sample_profile
 
 ROOT = Path(__file__).parent.parent
 

@@ -15,43 +15,16 @@ from typing import Any
 import pytest
 
 from qtune.engines import ENGINES
-from qtune.engines.base import Failure, LaunchSpec, Param, SpaceContext, classify_by_patterns
+from qtune.engines.base import LaunchSpec, Param, SpaceContext
 from qtune.errors import InputError
 from qtune.host.installed import EngineInstall, InstalledEngines
 from qtune.load.workload import Workload
 from qtune.profile import Profile
 from qtune.search import tune
 from qtune.search.config import TuneConfig
+from tests.fakes.engine import FakeEngine
 
 ROOT = Path(__file__).parent.parent.parent
-
-
-class FakeEngine:
-    name = "fake"
-
-    def space(self, ctx: SpaceContext) -> list[Param]:
-        return [Param("delay_ms", "choice", choices=(1, 30)),
-                Param("crash", "bool"),
-                Param("slots", "int", low=1, high=8)]
-
-    def baseline(self, ctx: SpaceContext) -> tuple[dict[str, Any], str | None]:
-        return {}, None
-
-    def check(self, params: Mapping[str, Any], ctx: SpaceContext) -> list[str]:
-        return ["slots > 6 is refused"] if params.get("slots", 0) > 6 else []
-
-    def launch_spec(self, params: Mapping[str, Any], ctx: SpaceContext, *, host: str,
-                    port: int) -> LaunchSpec:
-        argv = [sys.executable, "-m", "tests.fake_llm_server", str(port),
-                ctx.model.served_name, "--delay-ms", str(params.get("delay_ms", 10))]
-        if params.get("crash"):
-            argv.append("--crash")
-        argv += ["--port", str(port)]  # verify rewrites --port
-        return LaunchSpec(tuple(argv), {"PYTHONPATH": str(ROOT)}, host, port,
-                          ctx.model.served_name)
-
-    def classify(self, log_text: str) -> Failure:
-        return classify_by_patterns(log_text, [(r"No available memory", "oom")])
 
 
 @pytest.fixture
@@ -63,7 +36,7 @@ def fake(monkeypatch, cpu_host, tmp_path):
         sys.executable, [EngineInstall("fake", "1.0", "cpu", sys.executable)]))
     monkeypatch.setattr(search, "probe", lambda **kw: host)
     # The fake server takes "--port N" as a trailing flag too.
-    import tests.fake_llm_server  # noqa: F401
+    import tests.fakes.llm_server  # noqa: F401
 
     return TuneConfig(
         engine="fake", trials=6, seed=6, sampler="random",
