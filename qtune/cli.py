@@ -7,15 +7,24 @@ traceback instead.  Human output goes to stderr, ``--json`` to stdout.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import typer
+from typer.core import TyperCommand
 
 from qtune import __version__
 from qtune.errors import QtuneError, mask_url, redact
+
+if TYPE_CHECKING:
+    from qtune.load.workload import Workload
 
 app = typer.Typer(
     add_completion=False,
@@ -91,30 +100,35 @@ def probe(
 
 
 # -- workload options, shared by search and bench ---------------------------
+# Help texts name their choices and defaults as {placeholders}, filled in from
+# the library when help is shown (``_Command``): the registries live in modules
+# (Optuna's samplers, the engine adapters, the load client) that a command which
+# does not need them should not pay to import.  Defaults are written "(default
+# N)": rich reads "[default N]" as a style tag and drops it.
 Rate = Annotated[float | None, typer.Option(
     help="Requests per second (Poisson arrivals unless --arrival constant).")]
 Concurrency = Annotated[int | None, typer.Option(
-    help="Fixed number of in-flight requests (default 4 without --rate).")]
+    help="Fixed number of in-flight requests (default {concurrency} without --rate).")]
 InputLen = Annotated[str | None, typer.Option(
-    help="Prompt tokens: 256, 128-512 (uniform) or normal:256:64 [default 256].")]
+    help="Prompt tokens: 256, 128-512 (uniform) or normal:256:64 (default {input_len}).")]
 OutputLen = Annotated[str | None, typer.Option(
-    help="Output tokens, same forms as --input-len [default 64].")]
+    help="Output tokens, same forms as --input-len (default {output_len}).")]
 Requests = Annotated[int | None, typer.Option(
-    help="Measured requests per run [default 200 unless --duration; with "
-    "--duration, no count bound unless given].")]
+    help="Measured requests per run (default {requests} unless --duration; with "
+    "--duration, no count bound unless given).")]
 Duration = Annotated[float | None, typer.Option(
     help="Measured seconds per run (runs the whole time unless --requests ends "
     "it first).")]
 RequestTimeout = Annotated[float | None, typer.Option(
     help="Seconds one request may take in all; past it, a failed request "
-    "('timeout') [default 600].")]
+    "('timeout') (default {request_timeout}).")]
 StallTimeout = Annotated[float | None, typer.Option(
     help="Seconds a started stream may send nothing; past it, a failed request "
-    "('stalled') [default 60].")]
+    "('stalled') (default {stall_timeout}).")]
 Warmup = Annotated[int | None, typer.Option(
-    help="Warm-up requests, not counted [default 16].")]
+    help="Warm-up requests, not counted (default {warmup_requests}).")]
 Seed = Annotated[int | None, typer.Option(help="Seed for prompts and arrivals.")]
-Arrival = Annotated[str | None, typer.Option(help="poisson | constant (with --rate).")]
+Arrival = Annotated[str | None, typer.Option(help="{arrivals} (with --rate).")]
 Burstiness = Annotated[float | None, typer.Option(
     help="Gamma shape of inter-arrivals: 1 Poisson, <1 burstier.")]
 Dataset = Annotated[str | None, typer.Option(
@@ -122,40 +136,130 @@ Dataset = Annotated[str | None, typer.Option(
 PrefixCount = Annotated[int | None, typer.Option(
     help="Shared-prefix workload: number of distinct system prompts.")]
 PrefixLen = Annotated[int | None, typer.Option(help="Tokens per shared prefix.")]
-Endpoint = Annotated[str | None, typer.Option(help="completions | chat.")]
+Endpoint = Annotated[str | None, typer.Option(help="{endpoints}.")]
 WorkloadFile = Annotated[Path | None, typer.Option(
     "--workload", help="YAML file with the same keys (flags override it).")]
 SloOpt = Annotated[str | None, typer.Option(
     help="Constraints, e.g. 'ttft_p99<=500ms,tpot_p99<=50ms,e2e_p99<=3s'.")]
 
-
-# CLI option name → Workload field, for the options search and bench share.
-_WORKLOAD_FLAGS = {"input_len": "input_len", "output_len": "output_len", "rate": "rate",
-                   "concurrency": "concurrency", "requests": "requests",
-                   "duration": "duration", "warmup": "warmup_requests", "seed": "seed",
-                   "arrival": "arrival", "burstiness": "burstiness", "dataset": "dataset",
-                   "prefix_count": "prefix_count", "prefix_len": "prefix_len",
-                   "endpoint": "endpoint", "request_timeout": "request_timeout",
-                   "stall_timeout": "stall_timeout"}
-
-
-def _workload(options: dict[str, Any]) -> Any:
-    """One Workload from a command's options: the --workload file, then the
-    flags given on the command line over it, then the defaults."""
-    from qtune.load.workload import Workload, load_workload_file
-
-    file = options.get("workload")
-    flags = {field: options[opt] for opt, field in _WORKLOAD_FLAGS.items()}
-    data = load_workload_file(file) if file else {}
-    data.update({k: v for k, v in flags.items() if v is not None})
-    if data.get("rate") is None and data.get("concurrency") is None:
-        data["concurrency"] = 4
-    if data.get("warmup_requests") is None:
-        data["warmup_requests"] = 16
-    return Workload(**data)
+# The options search and bench share, in their --help order: option (parameter)
+# name, its type, and the Workload field it sets (None: the --workload file).
+# None as every default: "not given", so that a --workload file's value stands
+# unless a flag overrides it; the defaults are Workload's own.
+_WORKLOAD_OPTIONS: tuple[tuple[str, Any, str | None], ...] = (
+    ("rate", Rate, "rate"),
+    ("concurrency", Concurrency, "concurrency"),
+    ("input_len", InputLen, "input_len"),
+    ("output_len", OutputLen, "output_len"),
+    ("requests", Requests, "requests"),
+    ("duration", Duration, "duration"),
+    ("warmup", Warmup, "warmup_requests"),
+    ("seed", Seed, "seed"),
+    ("arrival", Arrival, "arrival"),
+    ("burstiness", Burstiness, "burstiness"),
+    ("dataset", Dataset, "dataset"),
+    ("prefix_count", PrefixCount, "prefix_count"),
+    ("prefix_len", PrefixLen, "prefix_len"),
+    ("endpoint", Endpoint, "endpoint"),
+    ("request_timeout", RequestTimeout, "request_timeout"),
+    ("stall_timeout", StallTimeout, "stall_timeout"),
+    ("workload", WorkloadFile, None),
+)
 
 
-@app.command()
+@dataclass(frozen=True)
+class LoadOptions:
+    """The workload options as given on the command line (None: not given)."""
+
+    given: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def workload(self) -> Workload:
+        """One Workload: the --workload file, then the flags given over it,
+        then Workload's own defaults."""
+        from qtune.load.workload import Workload, load_workload_file
+
+        file = self.given.get("workload")
+        data = load_workload_file(file) if file is not None else {}
+        if "warmup_requests" in data and data["warmup_requests"] is None:
+            del data["warmup_requests"]  # a file's "warmup_requests: null": the default
+        data.update({field: self.given[opt] for opt, _, field in _WORKLOAD_OPTIONS
+                     if field is not None and self.given.get(opt) is not None})
+        return Workload(**data)
+
+
+_NOT_GIVEN = LoadOptions()
+
+
+_C = TypeVar("_C", bound=Callable[..., Any])
+
+
+def with_load_options(command: _C) -> _C:
+    """Declare the workload options once: the command takes one parameter
+    ``load: LoadOptions``, and its --help lists the options in its place."""
+    sig = inspect.signature(command, eval_str=True)
+    params = list(sig.parameters.values())
+    at = [p.name for p in params].index("load")
+    shared = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                default=None, annotation=kind)
+              for name, kind, _ in _WORKLOAD_OPTIONS]
+
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name, _, _ in _WORKLOAD_OPTIONS}
+        return command(load=LoadOptions(given), **kwargs)
+
+    # Typer reads the signature and the type hints of the function it is
+    # given; without __wrapped__, both are run's own.
+    del run.__wrapped__
+    new = sig.replace(parameters=[*params[:at], *shared, *params[at + 1:]])
+    run.__signature__ = new  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in new.parameters.values()}
+    return cast(_C, run)
+
+
+def _help_fill() -> dict[str, str]:
+    """What the {placeholders} of help texts stand for: the registries' names
+    and Workload's defaults."""
+    from qtune.emit import CONTAINER_EMITTERS, EMITTERS
+    from qtune.engines import ENGINES
+    from qtune.load import workload as w
+    from qtune.objectives import OBJECTIVES, PARETO_DEFAULT_LATENCY
+    from qtune.search.space import SAMPLERS
+
+    defaults = {f.name: f.default for f in dataclasses.fields(w.Workload)}
+    return {
+        "engines": " | ".join(ENGINES),
+        "emitters": " | ".join([*EMITTERS, *CONTAINER_EMITTERS]),
+        "samplers": " | ".join(SAMPLERS),
+        "objectives": " | ".join(OBJECTIVES) + " | pareto[:LATENCY] (throughput "
+        f"against {PARETO_DEFAULT_LATENCY} or LATENCY)",
+        "arrivals": " | ".join(w.ARRIVALS),
+        "endpoints": " | ".join(w.ENDPOINTS),
+        "concurrency": str(w.DEFAULT_CONCURRENCY),
+        "requests": str(w.DEFAULT_REQUESTS),
+        **{k: f"{defaults[k]:g}" if isinstance(defaults[k], float) else str(defaults[k])
+           for k in ("input_len", "output_len", "warmup_requests", "request_timeout",
+                     "stall_timeout")},
+    }
+
+
+class _Command(TyperCommand):
+    """A command whose options' help is completed (see ``_help_fill``) only
+    when it is shown."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        fill = _help_fill()
+        for param in self.params:
+            text = getattr(param, "help", None)
+            if text and "{" in text:
+                for key, value in fill.items():
+                    text = text.replace("{" + key + "}", value)
+                param.help = text  # type: ignore[attr-defined]
+        super().format_help(ctx, formatter)
+
+
+@app.command(cls=_Command)
+@with_load_options
 def search(
     model: Annotated[
         str | None,
@@ -163,31 +267,13 @@ def search(
                      "Hugging Face id already in the local cache. Default: "
                      "qtune's embedded tiny model."),
     ] = None,
-    engine: Annotated[str, typer.Option(help="Engine adapter.")] = "vllm",
+    engine: Annotated[str, typer.Option(help="Engine adapter: {engines}.")] = "vllm",
     engine_python: EnginePython = None,
     trials: Annotated[int, typer.Option(min=1, help="Server launches, "
                                         "including the defaults baseline.")] = 10,
-    rate: Rate = None,
-    concurrency: Concurrency = None,
-    input_len: InputLen = None,
-    output_len: OutputLen = None,
-    requests: Requests = None,
-    duration: Duration = None,
-    warmup: Warmup = None,
-    seed: Seed = None,
-    arrival: Arrival = None,
-    burstiness: Burstiness = None,
-    dataset: Dataset = None,
-    prefix_count: PrefixCount = None,
-    prefix_len: PrefixLen = None,
-    endpoint: Endpoint = None,
-    request_timeout: RequestTimeout = None,
-    stall_timeout: StallTimeout = None,
-    workload: WorkloadFile = None,
+    load: LoadOptions = _NOT_GIVEN,  # the workload options: with_load_options
     objective: Annotated[
-        str, typer.Option(help="e2e_p99 | ttft_p99 | tpot_p99 | throughput | "
-                          "goodput | capacity | pareto[:LATENCY] (throughput against "
-                          "e2e_p99 or LATENCY) | ...")
+        str, typer.Option(help="{objectives}")
     ] = "e2e_p99",
     slo: SloOpt = None,
     space: Annotated[
@@ -211,7 +297,7 @@ def search(
         float, typer.Option(help="Seconds a server may take to become ready.")
     ] = 600.0,
     sampler: Annotated[str, typer.Option(
-        help="tpe | gp | random | grid | nsga2")] = "tpe",
+        help="{samplers}")] = "tpe",
     time_budget: Annotated[float | None, typer.Option(
         help="Minutes for the whole study; no trial starts that would not fit.")] = None,
     memory_check: Annotated[bool, typer.Option(
@@ -246,7 +332,7 @@ def search(
     from qtune.objectives import parse_slo
     from qtune.search import prepare, run_study
     from qtune.search.config import TuneConfig, parse_levels
-    wl = _workload(locals())
+    wl = load.workload()
     cfg = TuneConfig(model=model, engine=engine, engine_python=engine_python,
                      trials=trials, workload=wl, objective=objective,
                      slo=parse_slo(slo), space_file=space, study=study,
@@ -281,7 +367,8 @@ def search(
         raise typer.Exit(3)
 
 
-@app.command()
+@app.command(cls=_Command)
+@with_load_options
 def bench(
     url: Annotated[list[str], typer.Option(
         help="Base URL of an OpenAI-compatible server; give two to compare.")],
@@ -289,23 +376,7 @@ def bench(
         help="Served model name (default: the first in /v1/models).")] = None,
     tokenizer: Annotated[Path | None, typer.Option(
         help="Folder with tokenizer.json for exact prompt lengths.")] = None,
-    rate: Rate = None,
-    concurrency: Concurrency = None,
-    input_len: InputLen = None,
-    output_len: OutputLen = None,
-    requests: Requests = None,
-    duration: Duration = None,
-    warmup: Warmup = None,
-    seed: Seed = None,
-    arrival: Arrival = None,
-    burstiness: Burstiness = None,
-    dataset: Dataset = None,
-    prefix_count: PrefixCount = None,
-    prefix_len: PrefixLen = None,
-    endpoint: Endpoint = None,
-    request_timeout: RequestTimeout = None,
-    stall_timeout: StallTimeout = None,
-    workload: WorkloadFile = None,
+    load: LoadOptions = _NOT_GIVEN,  # the workload options: with_load_options
     slo: SloOpt = None,
     repeat: Annotated[int, typer.Option(min=1, help="Measurements (interleaved "
                                         "across URLs); medians with 95% CI.")] = 1,
@@ -349,7 +420,7 @@ def bench(
         from qtune.files import check_target
 
         check_target(csv, "--csv", force=force)
-    wl = _workload(locals())
+    wl = load.workload()
     cfg = BenchConfig(urls=url, workload=wl, model=model, tokenizer=tokenizer,
                       slo=parse_slo(slo), repeat=repeat, find_capacity=find_capacity,
                       scrape_metrics=not no_metrics, capacity_window=capacity_window,
@@ -469,11 +540,11 @@ def _bench_csv(res: dict[str, Any]) -> str:
     return pd.DataFrame(rows).to_csv(index=False)
 
 
-@app.command()
+@app.command(cls=_Command)
 def emit(
     profile: Annotated[Path, typer.Argument(help="Profile YAML from qtune search.")],
     format: Annotated[str, typer.Option(
-        "--format", "-f", help="systemd | compose | kubernetes")] = "systemd",
+        "--format", "-f", help="{emitters}")] = "systemd",
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write here (atomically).")
     ] = None,

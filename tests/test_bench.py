@@ -4,7 +4,6 @@ latency explodes past 1/SERVICE req/s and capacity under an SLO is known."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -17,40 +16,10 @@ from aiohttp import web
 from qtune.bench import BenchConfig, find_capacity, run_bench
 from qtune.load.workload import Workload
 from qtune.objectives import parse_slo
-from tests.load._sse_server import Threaded
+from tests.fakes.queue import queue_server
+from tests.fakes.sse import Threaded
 
 ROOT = Path(__file__).parent.parent
-SERVICE = 0.01  # seconds per request, serialized: capacity ≈ 100 req/s
-
-
-def queue_server() -> Threaded:
-    """One engine with a queue: requests served one at a time, SERVICE s each."""
-    lock = asyncio.Lock()  # bound to the server's loop at first use
-
-    async def models(request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "queue-model", "root": None}]})
-
-    async def completions(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        async with lock:
-            await asyncio.sleep(SERVICE)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        n = body["max_tokens"]
-        for _ in range(n):
-            chunk = {"choices": [{"index": 0, "text": " x"}]}
-            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        usage = {"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n}}
-        await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text="vllm:num_preemptions_total 3\n"
-                                 "vllm:kv_cache_usage_perc 0.25\n")
-
-    return Threaded({"GET /v1/models": models, "GET /metrics": metrics,
-                     "POST /v1/completions": completions})
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +196,7 @@ def test_bench_exits_non_zero_and_says_why_when_every_request_fails():
 
 def test_usage_counts_not_believed_are_flagged_and_throughput_stays_sane():
     async def completions(request: web.Request) -> web.StreamResponse:
-        from tests.load._sse_server import DONE, event, open_stream, text
+        from tests.fakes.sse import DONE, event, open_stream, text
 
         body = await request.json()
         resp = await open_stream(request)
@@ -254,7 +223,7 @@ def test_usage_counts_not_believed_are_flagged_and_throughput_stays_sane():
 
 
 def _counting_app(tmp_path, **kw):
-    from tests.load._sse_server import CountingServer, bpe_tokenizer
+    from tests.fakes.sse import CountingServer, bpe_tokenizer
 
     folder = tmp_path / "model"
     srv = CountingServer(bpe_tokenizer(folder), **kw)

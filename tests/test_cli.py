@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_profile import sample_profile
+from tests.fakes.profile import sample_profile
 
 ROOT = Path(__file__).parent.parent
 
@@ -106,3 +106,102 @@ def test_probe_json(tmp_path):
     assert isinstance(d["numa"]["nodes"], list) and d["numa"]["nodes"]
     for key in ("memory", "thp", "gpus", "engines", "findings"):
         assert key in d
+
+
+# -- options declared once, defaults and choices from the library ------------
+
+WORKLOAD_OPTIONS = ("rate", "concurrency", "input_len", "output_len", "requests",
+                    "duration", "warmup", "seed", "arrival", "burstiness", "dataset",
+                    "prefix_count", "prefix_len", "endpoint", "request_timeout",
+                    "stall_timeout", "workload")
+
+
+def _help(*command: str) -> str:
+    from typer.testing import CliRunner
+
+    from qtune.cli import app
+
+    r = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "400"})
+    assert r.exit_code == 0, r.output
+    # One line of text: no box, a wrapped help text joined up again.
+    return " ".join(r.output.replace("│", " ").split())
+
+
+def test_help_lists_the_registries_and_workload_defaults():
+    from qtune.emit import CONTAINER_EMITTERS, EMITTERS
+    from qtune.engines import ENGINES
+    from qtune.load.workload import DEFAULT_CONCURRENCY, Workload
+    from qtune.objectives import OBJECTIVES
+    from qtune.search.space import SAMPLERS
+
+    search, bench = _help("search"), _help("bench")
+    assert "{" not in search + bench
+    for name in [*SAMPLERS, *OBJECTIVES, *ENGINES]:
+        assert name in search
+    for name in [*EMITTERS, *CONTAINER_EMITTERS]:
+        assert name in _help("emit")
+    wl = Workload()
+    for text in (search, bench):
+        assert f"Warm-up requests, not counted (default {wl.warmup_requests})" in text
+        assert f"(default {DEFAULT_CONCURRENCY} without --rate)" in text
+        assert f"(default {wl.input_len})" in text and f"(default {wl.requests} " in text
+        assert f"(default {wl.stall_timeout:g})" in text
+
+
+def _defaults(command: str) -> dict[str, object]:
+    import typer
+
+    from qtune.cli import app
+
+    group = typer.main.get_command(app)
+    return {p.name: p.default for p in group.commands[command].params}  # type: ignore[attr-defined]
+
+
+def test_command_defaults_are_the_librarys():
+    """An option named as a config field defaults to that field's default, so
+    the CLI and the library cannot drift apart."""
+    import dataclasses
+
+    from qtune.bench import BenchConfig
+    from qtune.search.config import TuneConfig
+
+    # Not compared: the workload options (None: Workload's default, see below)
+    # and --levels, a text that parse_levels reads.
+    skip = {*WORKLOAD_OPTIONS, "levels"}
+    for command, cls in (("search", TuneConfig), ("bench", BenchConfig)):
+        fields = {f.name: f.default for f in dataclasses.fields(cls)
+                  if f.default is not dataclasses.MISSING and f.name not in skip}
+        shared = {k: v for k, v in _defaults(command).items() if k in fields}
+        assert len(shared) >= 3, shared
+        assert shared == {k: fields[k] for k in shared}, command
+
+
+def test_workload_options_declared_once():
+    search, bench = _defaults("search"), _defaults("bench")
+    for name in WORKLOAD_OPTIONS:
+        assert search[name] is None and bench[name] is None, name  # "not given"
+    assert "load" not in search and "load" not in bench
+
+
+def test_load_options_file_then_flags_then_workload_defaults(tmp_path):
+    from qtune.cli import LoadOptions
+    from qtune.load.workload import Workload
+
+    assert LoadOptions().workload() == Workload()
+    # The load the README and --help describe, now the library's own default.
+    d = Workload()
+    assert (d.concurrency, d.requests, d.warmup_requests) == (4, 200, 16)
+    f = tmp_path / "w.yaml"
+    f.write_text("rate: 2\ninput_len: 32\nwarmup_requests: null\n")
+    wl = LoadOptions({"workload": f, "input_len": "16", "seed": None}).workload()
+    assert (wl.rate, wl.input_len, wl.seed) == (2, "16", Workload().seed)
+    assert wl.concurrency is None and wl.warmup_requests == Workload().warmup_requests
+
+
+def test_the_cli_loads_no_engine_search_or_client_to_start(tmp_path):
+    """The help's registry names are filled in only when help is shown."""
+    code = ("import sys, typer, qtune.cli as c; typer.main.get_command(c.app); "
+            "print(sorted({'optuna', 'aiohttp', 'numpy', 'pydantic'} & set(sys.modules)))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr

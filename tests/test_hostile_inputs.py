@@ -23,8 +23,8 @@ import optuna
 import pytest
 import yaml
 
-from tests.conftest import make_model
-from tests.test_profile import sample_profile
+from tests.fakes.model import make_model
+from tests.fakes.profile import sample_profile
 
 ROOT = Path(__file__).parent.parent
 SECRET = "hunter2secretpw"
@@ -652,7 +652,7 @@ def test_report_reads_torn_journal_without_writing(tmp_path):
 def test_bench_masks_url_everywhere(tmp_path):
     """The human header, --json ``urls`` and the CSV's url column of a real
     run against a stand-in server: the password never appears."""
-    from tests.test_bench import queue_server
+    from tests.fakes.queue import queue_server
 
     env = Env(tmp_path)
     with queue_server() as url:

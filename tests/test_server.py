@@ -21,7 +21,7 @@ ROOT = Path(__file__).parent.parent
 
 def spec(port: int, *opts: str, name: str = "m", served: str = "m") -> LaunchSpec:
     return LaunchSpec(
-        argv=(sys.executable, "-m", "tests.fake_server", str(port), name, *opts),
+        argv=(sys.executable, "-m", "tests.fakes.server", str(port), name, *opts),
         env={"PYTHONPATH": str(ROOT)},
         host="127.0.0.1", port=port, served_model=served,
         fatal_patterns=("FATAL-ENGINE-ERROR",),
@@ -69,7 +69,7 @@ def test_each_server_gets_a_private_tmpdir_removed_when_it_stops(tmp_path):
     log = (tmp_path / "s.log").read_text()
     assert "probe=host" in log  # a host default applies when nothing sets it
     # ... but never over the spec's own env (PYTHONPATH="x" would break the
-    # import of tests.fake_server) or the caller's environment.
+    # import of tests.fakes.server) or the caller's environment.
     os.environ["QTUNE_TEST_PROBE"] = "caller"
     try:
         with Server(sp, tmp_path / "t.log") as s:

@@ -8,7 +8,7 @@ import pytest
 from qtune.engines import ENGINES
 from qtune.load.workload import Workload
 from qtune.verify import Side, measure_sides
-from tests.search.test_study_fake_engine import FakeEngine
+from tests.fakes.engine import FakeEngine
 
 
 def test_sides_rotate_and_each_repeat_starts_anew(monkeypatch, cpu_ctx, tmp_path):

@@ -148,7 +148,7 @@ def _one_gpu(nvml: Any, index: int, h: Any, handles: list[Any], root: Path) -> G
 
 def record_nvml(nvml: Any = None) -> dict[str, Any]:
     """Raw NVML answers, as JSON-able data, for fixtures and bug reports.
-    ``tests/host/nvml_replay.py`` answers the same calls from this record."""
+    ``tests/fakes/nvml.py`` answers the same calls from this record."""
     if nvml is None:
         try:
             # [no-redef]: the module takes the place of the `nvml` argument (tests pass a fake).

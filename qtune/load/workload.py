@@ -75,6 +75,12 @@ class Lengths:
 
 # A p99 over fewer requests is mostly its one or two slowest.
 DEFAULT_REQUESTS = 200
+# Without --rate or --concurrency: a few streams, so that a server's batching
+# shows at all (one stream measures a batch of one).
+DEFAULT_CONCURRENCY = 4
+# Enough to run each of the default streams through a few requests before the
+# measured window (first-request compiles and cache fills are not measured).
+DEFAULT_WARMUP = 16
 # A 4k-token generation at 10 tok/s (a 4B model on a few CPU cores) takes
 # 400 s: a request may take minutes and still be alive.
 DEFAULT_REQUEST_TIMEOUT = 600.0
@@ -82,6 +88,8 @@ DEFAULT_REQUEST_TIMEOUT = 600.0
 # tens of ms on a GPU, about a second on a slow CPU at full batch.  A minute
 # with no byte at all is a dead stream.
 DEFAULT_STALL_TIMEOUT = 60.0
+ARRIVALS = ("poisson", "constant")  # with a rate
+ENDPOINTS = ("completions", "chat")
 # Below one request in ~17 minutes a run of any useful length never ends, and
 # 1e-300 req/s would sleep "forever"; above 100,000 req/s no client on one
 # event loop keeps its send schedule.
@@ -113,12 +121,13 @@ class Workload:
     input_len: int | str = 256
     output_len: int | str = 64
     rate: float | None = None  # requests/s
-    concurrency: int | None = None  # fixed number of streams
+    # fixed number of streams; None: DEFAULT_CONCURRENCY unless a rate is given
+    concurrency: int | None = None
     # None: DEFAULT_REQUESTS when no --duration is given, else unbounded (a
     # duration bound alone runs for the duration).
     requests: int | None = None
     duration: float | None = None  # seconds; whichever bound comes first
-    warmup_requests: int = 8
+    warmup_requests: int = DEFAULT_WARMUP
     seed: int = 0
     endpoint: str = "completions"
     arrival: str = "poisson"  # with --rate: poisson | constant
@@ -188,16 +197,18 @@ class Workload:
             )
         if self.concurrency is not None and self.concurrency < 1:
             raise InputError("--concurrency must be at least 1", hint="streams in flight")
+        if self.rate is None and self.concurrency is None:
+            object.__setattr__(self, "concurrency", DEFAULT_CONCURRENCY)
         if self.requests is None and self.duration is None:
             object.__setattr__(self, "requests", DEFAULT_REQUESTS)
         if self.requests is not None and self.requests < 1:
             raise InputError("--requests must be at least 1", hint="measured requests")
         if self.warmup_requests < 0:
             raise InputError("--warmup must be 0 or more", hint="0 disables the warm-up")
-        if self.arrival not in ("poisson", "constant"):
+        if self.arrival not in ARRIVALS:
             raise InputError(f"--arrival: unknown {self.arrival!r}",
                              hint="poisson (with --burstiness) or constant")
-        if self.endpoint not in ("completions", "chat"):
+        if self.endpoint not in ENDPOINTS:
             raise InputError(f"--endpoint: unknown {self.endpoint!r}",
                              hint="completions or chat")
         if self.prefix_count < 0 or self.prefix_len < 0 or (

@@ -11,7 +11,7 @@ from qtune.emit import emit
 from qtune.emit.container import container_view
 from qtune.errors import InputError
 from qtune.profile import Profile
-from tests.test_profile import sample_profile
+from tests.fakes.profile import sample_profile
 
 EXAMPLE_GPU = Path(__file__).parents[2] / "examples" / "h200x2-qwen3-4b" / "h200-qwen3-4b.yaml"
 # HF_HUB_CACHE=/data/hf: a snapshot with no "hub" folder above it.

@@ -22,7 +22,7 @@ import yaml
 from qtune import cli, console
 from qtune.profile import Profile
 from tests.emit.test_properties import check_compose, check_kubernetes, check_systemd
-from tests.test_profile import sample_profile
+from tests.fakes.profile import sample_profile
 
 ROOT = Path(__file__).parents[2]
 PWN = "ExecStartPre=/bin/touch /tmp/pwned"

@@ -21,7 +21,7 @@ from qtune.emit import emit
 from qtune.errors import InputError, ProfileError
 from qtune.profile import Profile
 from tests.emit import readback as rb
-from tests.test_profile import sample_profile
+from tests.fakes.profile import sample_profile
 
 # Characters every format treats specially, and line breaks of every kind
 # (YAML also breaks at U+0085, U+2028, U+2029).

@@ -8,7 +8,7 @@ import pytest
 from qtune.emit import emit
 from qtune.emit.systemd import env_assignment, exec_word, render
 from qtune.errors import InputError
-from tests.test_profile import sample_profile
+from tests.fakes.profile import sample_profile
 
 
 @pytest.mark.parametrize(

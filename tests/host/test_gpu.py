@@ -22,8 +22,8 @@ import pytest
 
 from qtune.host import cpu_binding, probe
 from qtune.host.gpu import read_gpus, record_nvml
-from tests.conftest import FIX, NoNVML
-from tests.host.nvml_replay import NVMLError, ReplayNVML
+from tests.conftest import FIX
+from tests.fakes.nvml import NoNVML, NVMLError, ReplayNVML
 
 H200 = FIX / "hosts" / "h200"
 H200X2 = FIX / "hosts" / "h200x2"

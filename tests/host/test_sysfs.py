@@ -24,7 +24,8 @@ from qtune.host.sysfs import (
     read_numa,
     read_thp,
 )
-from tests.conftest import FIX, NoNVML
+from tests.conftest import FIX
+from tests.fakes.nvml import NoNVML
 
 EPYC = FIX / "hosts" / "epyc-2c-1node"
 

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from qtune.load.client import RequestSample, build_body, send
-from tests.load._sse_server import (
+from tests.fakes.sse import (
     DONE,
     event,
     free_port,

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from qtune.load import LoadResult, PromptFactory, Workload, run_load
 from qtune.model import generated_tokenizer
-from tests.load._sse_server import DONE, now, open_stream, serve, text, usage
+from tests.fakes.sse import DONE, now, open_stream, serve, text, usage
 
 
 @dataclass
@@ -394,7 +394,7 @@ def test_a_stalled_stream_fails_with_its_reason_and_the_run_goes_on():
 
 
 def _counting(tmp_path, **kw: Any):
-    from tests.load._sse_server import CountingServer, bpe_tokenizer
+    from tests.fakes.sse import CountingServer, bpe_tokenizer
 
     return CountingServer(bpe_tokenizer(tmp_path / "tok"), **kw)
 

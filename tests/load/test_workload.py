@@ -136,14 +136,14 @@ def test_a_duration_alone_has_no_request_bound():
 
 
 def test_cli_workload_with_duration_only_is_unbounded_in_count():
-    from qtune.cli import _workload
+    from qtune.cli import LoadOptions
 
     opts = {"workload": None, "input_len": None, "output_len": None, "rate": None,
             "concurrency": None, "requests": None, "duration": 5.0, "warmup": None,
             "seed": None, "arrival": None, "burstiness": None, "dataset": None,
             "prefix_count": None, "prefix_len": None, "endpoint": None,
             "request_timeout": None, "stall_timeout": None}
-    wl = _workload(opts)
+    wl = LoadOptions(opts).workload()
     assert wl.requests is None and wl.duration == 5.0
     assert wl.request_timeout == 600.0 and wl.stall_timeout == 60.0
 

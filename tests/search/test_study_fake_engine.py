@@ -15,50 +15,17 @@ from typing import Any
 import pytest
 
 from qtune.engines import ENGINES
-from qtune.engines.base import (
-    Engine,
-    Failure,
-    LaunchSpec,
-    Param,
-    SpaceContext,
-    classify_by_patterns,
-)
+from qtune.engines.base import LaunchSpec, Param, SpaceContext
 from qtune.errors import InputError
 from qtune.host.installed import EngineInstall, InstalledEngines
 from qtune.load.workload import Workload
 from qtune.profile import Profile
 from qtune.search import tune
 from qtune.search.config import TuneConfig
+from tests.fakes.engine import FakeEngine
+from tests.fakes.sampler import script_random_sampler
 
 ROOT = Path(__file__).parent.parent.parent
-
-
-class FakeEngine(Engine):
-    name = "fake"
-
-    def space(self, ctx: SpaceContext) -> list[Param]:
-        return [Param("delay_ms", "choice", choices=(1, 30)),
-                Param("crash", "bool"),
-                Param("slots", "int", low=1, high=8)]
-
-    def baseline(self, ctx: SpaceContext) -> tuple[dict[str, Any], str | None]:
-        return {}, None
-
-    def check(self, params: Mapping[str, Any], ctx: SpaceContext) -> list[str]:
-        return ["slots > 6 is refused"] if params.get("slots", 0) > 6 else []
-
-    def launch_spec(self, params: Mapping[str, Any], ctx: SpaceContext, *, host: str,
-                    port: int) -> LaunchSpec:
-        argv = [sys.executable, "-m", "tests.fake_llm_server", str(port),
-                ctx.model.served_name, "--delay-ms", str(params.get("delay_ms", 10))]
-        if params.get("crash"):
-            argv.append("--crash")
-        argv += ["--port", str(port)]  # verify rewrites --port
-        return LaunchSpec(tuple(argv), {"PYTHONPATH": str(ROOT)}, host, port,
-                          ctx.model.served_name)
-
-    def classify(self, log_text: str) -> Failure:
-        return classify_by_patterns(log_text, [(r"No available memory", "oom")])
 
 
 @pytest.fixture
@@ -70,7 +37,7 @@ def fake(monkeypatch, cpu_host, tmp_path):
         sys.executable, [EngineInstall("fake", "1.0", "cpu", sys.executable)]))
     monkeypatch.setattr(search, "probe", lambda **kw: host)
     # The fake server takes "--port N" as a trailing flag too.
-    import tests.fake_llm_server  # noqa: F401
+    import tests.fakes.llm_server  # noqa: F401
 
     return TuneConfig(
         engine="fake", trials=6, seed=6, sampler="random",
@@ -80,7 +47,15 @@ def fake(monkeypatch, cpu_host, tmp_path):
         study="fake", confirm_top=2, confirm_repeats=1, startup_timeout=60)
 
 
-def test_study_records_every_outcome_and_picks_a_confirmed_winner(fake):
+def test_study_records_every_outcome_and_picks_a_confirmed_winner(fake, monkeypatch):
+    script_random_sampler(monkeypatch, [
+        {"delay_ms": 1, "crash": False, "slots": 4},  # fast: the winner
+        {"delay_ms": 1, "crash": True, "slots": 2},  # fails to start
+        {"delay_ms": 30, "crash": False, "slots": 3},  # slow: cannot beat it
+        {"delay_ms": 1, "crash": False, "slots": 8},  # refused by the adapter
+        {"delay_ms": 1, "crash": False, "slots": 2},
+        {"delay_ms": 30, "crash": False, "slots": 1},
+    ])
     res = tune(fake)
     by_status: dict[str, list[Any]] = {}
     for t in res.trials:
@@ -92,7 +67,7 @@ def test_study_records_every_outcome_and_picks_a_confirmed_winner(fake):
         assert t.params["slots"] > 6 and t.argv == []  # never launched
     for t in by_status.get("startup_failed", []):
         assert t.params["crash"] and t.reason == "oom"
-    assert by_status.get("startup_failed"), "random sampler, seed 6, proposes a crashing config"
+    assert by_status.get("startup_failed") and by_status.get("invalid")
     # The slow (30 ms/token) configs cannot beat a fast best: pruned early.
     for t in by_status.get("pruned", []):
         assert t.params["delay_ms"] == 30 and "cannot beat" in t.detail
@@ -117,9 +92,10 @@ def test_study_records_every_outcome_and_picks_a_confirmed_winner(fake):
     assert sum(t.baseline for t in res2.trials) == 1
 
 
-def test_pruning_stops_slow_trials_early(fake, tmp_path):
+def test_pruning_stops_slow_trials_early(fake, tmp_path, monkeypatch):
     space = tmp_path / "space.yaml"
     space.write_text("crash: false\nslots: 2\n")
+    script_random_sampler(monkeypatch, [{"delay_ms": d} for d in (1, 30, 30, 1)])
     res = tune(dataclasses.replace(fake, space_file=space, trials=5, confirm_top=0,
                                    study="prune"))
     pruned = [t for t in res.trials if t.status == "pruned"]
@@ -280,12 +256,15 @@ def test_a_failed_memory_ask_refuses_larger_asks(fake, monkeypatch, tmp_path):
     monkeypatch.setitem(ENGINES, "fake", MemoryAskingEngine())
     space = tmp_path / "space.yaml"
     space.write_text("crash: false\ndelay_ms: 1\n")
+    # 6 fails; 7 and 8 ask more and are refused; 5 asks less, starts, fails.
+    script_random_sampler(monkeypatch, [{"slots": n} for n in (6, 7, 2, 5, 8, 3, 1, 4)])
     cfg = dataclasses.replace(fake, space_file=space, trials=7,
-                              study="mem", confirm_top=0, sampler="random", seed=3)
+                              study="mem", confirm_top=0, sampler="random")
     res = tune(cfg)
     failed = [t for t in res.trials if t.status == "startup_failed"]
     learned = [t for t in res.trials if t.reason == "learned_oom"]
-    assert failed and learned  # the seed makes both happen
+    assert [t.params["slots"] for t in failed] == [6, 5]
+    assert [t.params["slots"] for t in learned] == [7, 8]
     for t in res.trials:
         if t.status in ("ok", "startup_failed") and not t.baseline:
             # Launched: it asked less than every earlier failed start.

@@ -1,5 +1,5 @@
 """A stand-in server for testing qtune.server (not an engine double: it
-only answers readiness).  python -m tests.fake_server PORT NAME [options]
+only answers readiness).  python -m tests.fakes.server PORT NAME [options]
 
   --ready-after S   answer /health 200 only after S seconds
   --exit-after S    exit with code 3 after S seconds (startup crash)

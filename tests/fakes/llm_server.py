@@ -1,5 +1,5 @@
 """A stand-in OpenAI streaming server for orchestration tests (not vLLM):
-python -m tests.fake_llm_server PORT NAME [--delay-ms N] [--crash] [--port N]
+python -m tests.fakes.llm_server PORT NAME [--delay-ms N] [--crash] [--port N]
 
 Each request streams ``max_tokens`` tokens, one per ``delay-ms``.  With
 --crash it prints a root cause and exits at start, like a config vLLM

@@ -1,4 +1,4 @@
-"""Tiny in-process SSE servers for the load-generator tests.
+"""Tiny in-process SSE servers for the load-generator and bench tests.
 
 Each test builds an ``aiohttp.web`` handler that writes exactly the bytes it
 wants (split wherever it wants, with whatever delays), serves it on

@@ -1,4 +1,5 @@
-"""Answer pynvml calls from a record made by ``qtune.host.gpu.record_nvml``.
+"""pynvml stand-ins: ``NoNVML`` (no driver), and ``ReplayNVML``, which answers
+pynvml calls from a record made by ``qtune.host.gpu.record_nvml``.
 
 A record (``tests/fixtures/hosts/<host>/nvml.json``) holds the raw NVML
 answers of a real host; ``ReplayNVML(record)`` plays them back so
@@ -147,3 +148,8 @@ class ReplayNVML:
 
     def nvmlDeviceGetPersistenceMode(self, h: int) -> int:
         return self._get(h, "persistence_mode")
+
+
+class NoNVML:
+    def nvmlInit(self) -> None:
+        raise OSError("NVML Shared Library Not Found")
