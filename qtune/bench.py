@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import math
 import os
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +27,7 @@ from qtune.engines import any_engine_cache_reset_paths, any_engine_metric_names
 from qtune.errors import InputError, mask_url, printable
 from qtune.launch import MetricNames
 from qtune.load import run_load
+from qtune.load.http import request_json
 from qtune.load.workload import ServerTokenizer, Workload
 from qtune.metrics import goodput, in_flight_at_sends, keeps_up, metric_value, summarize
 from qtune.objectives import SLO
@@ -114,8 +113,7 @@ def served_model(url: str) -> tuple[str, str | None]:
     """The first model ``/v1/models`` lists, and its ``root`` (vLLM gives the
     model path there, where a tokenizer may be found)."""
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=10) as r:
-            data = json.loads(r.read())
+        data = request_json(url.rstrip("/") + "/v1/models")
         first = data["data"][0]
         return str(first["id"]), first.get("root")
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
@@ -133,8 +131,7 @@ def served_root(url: str, name: str) -> str | None:
     server lists no models, or not this one (best effort: ``--model`` was
     given, so the listing is not needed for the name)."""
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=10) as r:
-            data = json.loads(r.read())
+        data = request_json(url.rstrip("/") + "/v1/models")
         for m in data["data"]:
             if isinstance(m, dict) and m.get("id") == name and isinstance(
                 m.get("root"), str

@@ -672,6 +672,53 @@ def test_bench_masks_url_everywhere(tmp_path):
         assert SECRET not in text
 
 
+def test_bench_reaches_a_password_protected_server_without_model(tmp_path):
+    """``--url http://user:pw@host`` with no ``--model``: the listing (urllib)
+    sends the user-info as Basic auth like the load (aiohttp) does, and the
+    password shows nowhere."""
+    import base64
+
+    from aiohttp import web
+
+    from tests.fakes.sse import Threaded
+
+    good = "Basic " + base64.b64encode(f"user:{SECRET}".encode()).decode()
+    seen: list[str] = []
+
+    def gate(request: web.Request) -> None:
+        seen.append(request.path)
+        if request.headers.get("Authorization") != good:
+            raise web.HTTPUnauthorized()
+
+    async def models(request: web.Request) -> web.Response:
+        gate(request)
+        return web.json_response({"data": [{"id": "m", "root": None}]})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        gate(request)
+        body = await request.json()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(body["max_tokens"]):
+            await resp.write(b'data: {"choices": [{"index": 0, "text": " x"}]}\n\n')
+        usage = {"prompt_tokens": 8, "completion_tokens": body["max_tokens"]}
+        await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode()
+                         + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    env = Env(tmp_path)
+    with Threaded({"GET /v1/models": models, "POST /v1/completions": completions}) as url:
+        r = run(env, "bench", "--url", url.replace("http://", f"http://user:{SECRET}@"),
+                "--concurrency", "1", "--requests", "3", "--input-len", "8",
+                "--output-len", "2", "--warmup", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["completed"], out["failed"], out["models"]) == (3, 0, ["m"])
+    assert "/v1/models" in seen and "/v1/completions" in seen
+    assert SECRET not in r.stdout + r.stderr
+
+
 def test_redact_shapes():
     from qtune.errors import mask_url, redact
 

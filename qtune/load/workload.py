@@ -375,14 +375,10 @@ class ServerTokenizer:
         self.pool = sorted(ids)
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        import urllib.request
+        from qtune.load.http import request_json
 
-        req = urllib.request.Request(
-            self.base + path, data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"}, method="POST")
         self.calls += 1
-        with urllib.request.urlopen(req, timeout=self.timeout) as r:
-            data = json.loads(r.read())
+        data = request_json(self.base + path, body, timeout=self.timeout)
         if not isinstance(data, dict):
             raise ValueError(f"{path} answered {type(data).__name__}, not an object")
         return data
