@@ -142,11 +142,11 @@ def resolve_model(spec: str | None) -> ModelInfo:
             )
         return _info(p.resolve(), p.resolve().name, "local", None)
     if spec == "smollm2-135m":
-        # The real embedded model, built on first use; imported here because
-        # qtune.realmodel imports this module (for cache_dir).
+        # The real embedded model, built on first use; imported here so that
+        # its optional dependencies stay out of every other command's start.
         from qtune.realmodel import REAL_NAME, real_model
 
-        return _info(real_model(), REAL_NAME, "embedded", None)
+        return _info(real_model(cache_dir() / "models"), REAL_NAME, "embedded", None)
     snap = _hf_cache_snapshot(spec)
     if snap is None:
         raise ModelError(

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from qtune.errors import ModelError
-from qtune.model import cache_dir
 
 REAL_NAME = "smollm2-135m"
 _REAL_VERSION = 1
@@ -74,10 +73,11 @@ def tied_weights(state: dict[str, T], tied: bool) -> dict[str, T]:
     return out
 
 
-def real_model() -> Path:
+def real_model(models_dir: Path) -> Path:
     """The served-ready folder, built on first use (~30 s on 2 cores) and
-    cached beside the tiny embedded model."""
-    dest = cache_dir() / "models" / f"{REAL_NAME}-v{_REAL_VERSION}"
+    cached in ``models_dir``, beside the tiny embedded model (passed in:
+    qtune.model imports this module)."""
+    dest = models_dir / f"{REAL_NAME}-v{_REAL_VERSION}"
     if (dest / "config.json").is_file():
         return dest
     gguf = gguf_path()
