@@ -141,6 +141,12 @@ def resolve_model(spec: str | None) -> ModelInfo:
                 hint="point --model at the folder that holds config.json",
             )
         return _info(p.resolve(), p.resolve().name, "local", None)
+    if spec == "smollm2-135m":
+        # The real embedded model, built on first use; imported here so that
+        # its optional dependencies stay out of every other command's start.
+        from qtune.realmodel import REAL_NAME, real_model
+
+        return _info(real_model(cache_dir() / "models"), REAL_NAME, "embedded", None)
     snap = _hf_cache_snapshot(spec)
     if snap is None:
         raise ModelError(
