@@ -36,6 +36,13 @@ def test_tied_without_any_embedding_is_an_error():
         realmodel.tied_weights({"model.norm.weight": 0}, tied=True)
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """A cache of this test's own: a real build that an earlier test left in
+    the user's cache must not answer for the package (it did in CI)."""
+    monkeypatch.setenv("QTUNE_CACHE", str(tmp_path / "cache"))
+
+
 def test_missing_package_says_how_to_install(monkeypatch):
     real_find = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -48,8 +55,6 @@ def test_missing_package_says_how_to_install(monkeypatch):
 
 def test_a_built_folder_is_reused_without_the_package(monkeypatch):
     dest = cache_dir() / "models" / f"{realmodel.REAL_NAME}-v{realmodel._REAL_VERSION}"
-    if (dest / "model.safetensors").exists():
-        pytest.skip("a real build is in this session's cache")
     dest.mkdir(parents=True, exist_ok=True)
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
            "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
