@@ -295,8 +295,6 @@ def _shape(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Prepared:
     )
     mine = [p for p in prep.params if p.name not in prep.user_set]
     kept, fixed, notes = prep.engine.shape(mine, prep.ctx, load)
-    if kept == mine and not fixed and not notes:
-        return prep  # the default hook: nothing narrowed, the order the sampler saw kept
     params = [p for p in prep.params if p.name in prep.user_set] + kept
     for n in notes:
         reporter.note(n)
