@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -196,3 +198,24 @@ class Monitor:
 def md_table(headers: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     return "\n".join(out + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
+
+
+def launch(model: str | None, params: dict[str, object], work: Path) -> Any:
+    """The engine's server for ``model`` (None: the embedded one) with ``params``
+    ({} = the engine's own defaults), described by qtune's vLLM adapter.
+
+    Returns ``(Server, spec, tokenizer_dir)``; the caller enters the Server.
+    """
+    from qtune.engines.base import SpaceContext
+    from qtune.engines.vllm import VLLM
+    from qtune.host import probe
+    from qtune.model import resolve_model
+    from qtune.server import Server, free_port
+
+    m = resolve_model(model)
+    host = probe()
+    ctx = SpaceContext(host, m, host.engines.get("vllm"))
+    eng = VLLM()
+    spec = eng.launch_spec(params or eng.baseline(ctx)[0], ctx, host="127.0.0.1",
+                           port=free_port())
+    return Server(spec, work / "server.log"), spec, str(m.tokenizer_dir)

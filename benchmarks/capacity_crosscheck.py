@@ -21,6 +21,7 @@ Starts one server (the engine defaults, or ``--params`` as JSON) for
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import launch  # noqa: E402
 from server_view_ab import vllm_bench_serve  # noqa: E402
 
 
@@ -72,29 +74,27 @@ def main() -> int:
     ap.add_argument("--capacity-window", type=float, default=20.0)
     ap.add_argument("--startup-timeout", type=float, default=900.0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--url", help="measure this running server (start none); needs "
+                    "--served-model and --tokenizer")
+    ap.add_argument("--served-model")
+    ap.add_argument("--tokenizer")
     a = ap.parse_args()
 
-    from qtune.engines.base import SpaceContext
-    from qtune.engines.vllm import VLLM
-    from qtune.host import probe
-    from qtune.model import resolve_model
-    from qtune.server import Server, free_port
-
     work = Path(tempfile.mkdtemp(prefix="qtune-capacity-"))
-    m = resolve_model(a.model)
-    host = probe()
-    ctx = SpaceContext(host, m, host.engines.get("vllm"))
-    eng = VLLM()
-    params = json.loads(a.params) or eng.baseline(ctx)[0]
-    spec = eng.launch_spec(params, ctx, host="127.0.0.1", port=free_port())
-    tok = str(m.tokenizer_dir)
-    print(f"server: {' '.join(spec.argv[3:])}  env {dict(spec.env)}", flush=True)
-    out: dict[str, Any] = {"params": params, "argv": list(spec.argv)}
+    out: dict[str, Any] = {"params": json.loads(a.params)}
     t0 = time.monotonic()
-    with Server(spec, work / "server.log") as srv:
-        out["startup_s"] = srv.wait_ready(a.startup_timeout)
-        print(f"ready after {out['startup_s']:.0f} s", flush=True)
+    if a.url:  # a server already up (benchmarks/serve.py): no start here
+        srv_cm: Any = contextlib.nullcontext()
+        url, model, tok = a.url, a.served_model, a.tokenizer
+    else:
+        srv_cm, spec, tok = launch(a.model, out["params"], work)
         url, model = spec.base_url, spec.served_model
+        out["argv"] = list(spec.argv)
+        print(f"server: {' '.join(spec.argv[3:])}  env {dict(spec.env)}", flush=True)
+    with srv_cm as srv:
+        if srv is not None:
+            out["startup_s"] = srv.wait_ready(a.startup_timeout)
+            print(f"ready after {out['startup_s']:.0f} s", flush=True)
         cap = qtune_bench(url, model, tok, "--find-capacity", "--slo", a.slo,
                           "--rate", str(a.rate), "--requests", str(a.requests),
                           "--warmup", str(a.warmup), "--input-len", str(a.input_len),

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import table, wait_until_alone  # noqa: E402
+from _common import launch, table, wait_until_alone  # noqa: E402
 
 ARMS = {
     "off": ["--no-server-metrics"],
@@ -146,23 +146,12 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="qtune-view-ab-"))
     server = None
     if a.url is None:
-        from qtune.engines.base import SpaceContext
-        from qtune.engines.vllm import VLLM
-        from qtune.host import probe
-        from qtune.model import resolve_model
-        from qtune.server import Server, free_port
-
-        m = resolve_model(None)
-        host = probe()
-        ctx = SpaceContext(host, m, host.engines.get("vllm"))
-        spec = VLLM().launch_spec({"VLLM_CPU_KVCACHE_SPACE": a.kv_space}, ctx,
-                                  host="127.0.0.1", port=free_port())
+        server, spec, tok = launch(None, {"VLLM_CPU_KVCACHE_SPACE": a.kv_space}, work)
         wait_until_alone(quiet=10)
-        server = Server(spec, work / "server.log")
         server.__enter__()
         print(f"server ready after {server.wait_ready(600):.0f} s "
               f"(VLLM_SERVER_DEV_MODE for /reset_prefix_cache)", flush=True)
-        a.url, a.model, a.tokenizer = spec.base_url, spec.served_model, str(m.tokenizer_dir)
+        a.url, a.model, a.tokenizer = spec.base_url, spec.served_model, tok
     runs: list[dict[str, Any]] = []
     try:
         # One untimed warm-up at the target load: the first run after a start

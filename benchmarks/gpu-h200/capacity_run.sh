@@ -2,9 +2,13 @@
 # Runs on the device machine from the repo copy (issue 13: capacity you can bet on).
 #   capacity_run.sh copy N   copy the carried wheel part .gpuwheels/pN to /tmp/wh
 #   capacity_run.sh start    copy the last part ($LAST, 7), join, install into /tmp/site,
-#                            then run benchmarks/capacity_crosscheck.py for each config in
-#                            $CONFIGS (JSON launch params, ';'-separated; {} = engine
-#                            defaults) in the background (setsid), and wait
+#                            then in the background (setsid), for each config in $CONFIGS
+#                            (JSON launch params, ';'-separated; {} = engine defaults):
+#                            start ONE server (benchmarks/serve.py), run
+#                            benchmarks/server_view_ab.py on it when $AB_ARMS is set
+#                            (qtune's view on/off against `vllm bench serve`, interleaved,
+#                            at $AB_RATE), then benchmarks/capacity_crosscheck.py unless
+#                            CAPACITY=0; and wait
 #   capacity_run.sh wait     wait for the chain; copy what exists into $OUT
 set -u
 export PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
@@ -24,17 +28,38 @@ start)
   cd /tmp/qrepo
   python3 -c "import vllm, optuna, qtune.cli; print('vllm', vllm.__version__)" 2>&1 | tail -1
   nvidia-smi -L
-  echo "CONFIGS='${CONFIGS:-{\}}'; ARGS='${ARGS:-}'" > $Q/chain.sh
+  echo "CONFIGS='${CONFIGS:-{\}}'; ARGS='${ARGS:-}'; AB_ARMS='${AB_ARMS:-}'; AB_RATE=${AB_RATE:-40}; AB_REQUESTS=${AB_REQUESTS:-800}; AB_ROUNDS=${AB_ROUNDS:-3}; CAPACITY=${CAPACITY:-1}; CAP_RATE=${CAP_RATE:-16}" > $Q/chain.sh
   cat >> $Q/chain.sh <<'EOC'
 cd /tmp/qrepo; Q=/tmp/qt; i=0
 IFS=';' read -ra CFG <<< "$CONFIGS"
 for c in "${CFG[@]}"; do
-  s=$(date +%s)
-  python3 benchmarks/capacity_crosscheck.py --model examples/qwen3-4b --input-len 1024 \
-    --output-len 256 --rate 16 --requests 400 --warmup 160 \
-    --slo 'ttft_p99<=1000ms,tpot_p99<=30ms' --params "$c" $ARGS \
-    --json $Q/capacity-$i.json > $Q/capacity-$i.log 2>&1
-  echo "config $i ($c) rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
+  s=$(date +%s); rm -f $Q/server.json
+  python3 benchmarks/serve.py --model examples/qwen3-4b --params "$c" --info $Q/server.json \
+    > $Q/server-$i.log 2>&1 &
+  SP=$!
+  while [ ! -f $Q/server.json ] && kill -0 $SP 2>/dev/null; do sleep 2; done
+  if [ -f $Q/server.json ]; then
+    read URL SM TOK < <(python3 -c "import json; d=json.load(open('$Q/server.json')); print(d['url'], d['model'], d['tokenizer'])")
+    echo "config $i ($c) ready after $(( $(date +%s)-s ))s" >> $Q/chain.log
+    if [ -n "${AB_ARMS:-}" ]; then
+      python3 benchmarks/server_view_ab.py --url $URL --model $SM --tokenizer $TOK \
+        --rate ${AB_RATE:-40} --requests ${AB_REQUESTS:-800} --input-len 1024 --output-len 256 \
+        --warmup 160 --rounds ${AB_ROUNDS:-3} --arms $AB_ARMS --json $Q/view-ab-$i.json \
+        > $Q/view-ab-$i.log 2>&1
+      echo "config $i view-ab rc=$? at $(( $(date +%s)-s ))s" >> $Q/chain.log
+    fi
+    if [ "${CAPACITY:-1}" = 1 ]; then
+      python3 benchmarks/capacity_crosscheck.py --url $URL --served-model $SM --tokenizer $TOK \
+        --input-len 1024 --output-len 256 --rate ${CAP_RATE:-16} --requests 400 --warmup 160 \
+        --slo 'ttft_p99<=1000ms,tpot_p99<=30ms' --params "$c" $ARGS \
+        --json $Q/capacity-$i.json > $Q/capacity-$i.log 2>&1
+      echo "config $i capacity rc=$? at $(( $(date +%s)-s ))s" >> $Q/chain.log
+    fi
+  else
+    echo "config $i ($c): server did not start" >> $Q/chain.log
+  fi
+  kill $SP 2>/dev/null; wait $SP
+  echo "config $i done wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
   i=$((i+1))
 done
 touch $Q/DONE
@@ -46,5 +71,5 @@ LIMIT=${LIMIT:-570}
 while [ ! -f $Q/DONE ] && [ $(( $(date +%s)-T_CALL )) -lt $LIMIT ]; do sleep 5; done
 echo "elapsed since start: $(( $(date +%s)-$(cat $Q/t0) ))s; done=$([ -f $Q/DONE ] && echo yes || echo no)"
 cat $Q/chain.log 2>/dev/null
-for f in $Q/capacity-*.json $Q/capacity-*.log; do [ -f "$f" ] && cp "$f" $OUT/; done
-tail -c 3000 $(ls -t $Q/capacity-*.log 2>/dev/null | head -1) 2>/dev/null
+for f in $Q/capacity-*.json $Q/capacity-*.log $Q/view-ab-*.json $Q/view-ab-*.log $Q/server-*.log; do [ -f "$f" ] && cp "$f" $OUT/; done
+for f in $(ls -t $Q/capacity-*.log $Q/view-ab-*.log 2>/dev/null | head -2); do echo "== $f"; tail -c 2500 $f; done
