@@ -60,6 +60,14 @@ class MetricNames:
     request_success: str
     # gauge name -> the names older releases gave it
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # histograms (base names, seconds) for the emitted alert rules
+    # (qtune.emit.prometheus); None where the engine exports none
+    ttft_seconds: str | None = None
+    tpot_seconds: str | None = None
+    itl_seconds: str | None = None
+    e2e_seconds: str | None = None
+    # the label naming the served model on every sample
+    model_label: str | None = None
 
     @property
     def gauges(self) -> tuple[str, ...]:

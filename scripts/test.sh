@@ -13,6 +13,10 @@ if ! command -v docker-compose >/dev/null && [ "$(id -u)" = 0 ]; then
   # Compose files are checked by docker-compose's own `config` (no engine needed).
   apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-compose >/dev/null
 fi
+if ! command -v promtool >/dev/null && [ "$(id -u)" = 0 ]; then
+  # Emitted alert rules are checked by the real promtool (Debian's prometheus).
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
 # The habits the house keeps, checked before the tests: lint (benchmarks
 # are scripts but are read like the package) and strict types on qtune/.
 .venv/bin/python -m ruff check qtune tests benchmarks || {

@@ -126,6 +126,12 @@ _METRICS = MetricNames(
     generation_tokens="vllm:generation_tokens",
     request_success="vllm:request_success",
     aliases={"vllm:kv_cache_usage_perc": ("vllm:gpu_cache_usage_perc",)},
+    ttft_seconds="vllm:time_to_first_token_seconds",
+    # per request: decode time over its output tokens less one, as qtune's TPOT
+    tpot_seconds="vllm:request_time_per_output_token_seconds",
+    itl_seconds="vllm:inter_token_latency_seconds",
+    e2e_seconds="vllm:e2e_request_latency_seconds",
+    model_label="model_name",
 )
 
 # Published images per build; the tag pins the version the profile was

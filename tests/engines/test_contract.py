@@ -138,8 +138,9 @@ def _vllm_words(ctx: SpaceContext) -> dict[str, set[str]]:
     """What only the vLLM adapter may name, taken from the adapter itself."""
     v = VLLM()
     names = v.metric_names()
+    # (the model label, "model_name", is a plain word: other code uses it too)
     metrics = {getattr(names, f.name) for f in dataclasses.fields(names)
-               if isinstance(getattr(names, f.name), str)}
+               if isinstance(getattr(names, f.name), str) and f.name != "model_label"}
     metrics |= {a for alts in names.aliases.values() for a in alts}
     spec = v.launch_spec({}, ctx, host="127.0.0.1", port=8000)
     flags = {w for w in spec.argv if w.startswith("--")} | _VLLM_FLAGS

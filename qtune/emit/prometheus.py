@@ -1,0 +1,197 @@
+"""Prometheus recording and alert rules from a profile (``--format
+prometheus-rules``).
+
+A profile knows what no monitoring setup knows by itself: the SLO it was
+tuned for and the load it measured.  The rules turn those into alerts on the
+engine's own metrics (names from its adapter, ``Engine.metric_names``):
+
+- a latency percentile over the SLO for 10 minutes, from the engine's
+  histograms over 5-minute rates (without an SLO: over the p99 the profile
+  measured plus 25%, the spread of one p99 between clients and runs in
+  ``benchmarks/``);
+- completed requests per second above 80% of the measured capacity (or, for
+  a profile not tuned on capacity, above the load it was measured at: a
+  lower bound, said so in the annotation) for 10 minutes;
+- the waiting queue never empty for 5 minutes and still growing;
+- KV cache above 95% for 5 minutes; any preemption; no series from the
+  server for 2 minutes (down, or not scraped).
+
+Every alert's annotations name the profile figure its threshold came from.
+Rules select the served model by the engine's model label, so several
+profiles can share one Prometheus.  Checked by the real ``promtool check
+rules`` and ``promtool test rules`` in the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import yaml
+
+from qtune.emit.common import one_line, summary_lines
+from qtune.engines import ENGINES
+from qtune.errors import InputError
+from qtune.objectives import SLO, parse_slo
+from qtune.profile import Profile
+
+# Shares and windows.  Why these: a p99 over 5 minutes of a few req/s rests
+# on a few hundred requests; 10 minutes "for" keeps one slow burst (run 8 on
+# the H200: one run's TTFT p99 was 1.5x its neighbours') from paging anyone.
+RATE_WINDOW = "5m"
+SUSTAIN = "10m"
+CAPACITY_SHARE = 0.8
+NO_SLO_MARGIN = 1.25
+KV_FULL = 0.95
+
+_HIST = {"ttft": "ttft_seconds", "tpot": "tpot_seconds", "itl": "itl_seconds",
+         "e2e": "e2e_seconds"}
+_WHAT = {"ttft": "time to first token", "tpot": "time per output token",
+         "itl": "inter-token latency", "e2e": "end-to-end latency"}
+_QUANTILE = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+
+
+def promql_string(text: str) -> str:
+    """A PromQL double-quoted string literal for ``text``: PromQL reads Go's
+    escapes, of which JSON's are a subset (``\\"``, ``\\\\``, ``\\n``,
+    ``\\uXXXX``), so no value can close the matcher early."""
+    return json.dumps(text)
+
+
+def _rule_id(text: str) -> str:
+    """CamelCase from the profile name for alert names (``[A-Za-z0-9_]``)."""
+    parts = re.split(r"[^A-Za-z0-9]+", text)
+    return "".join(p[:1].upper() + p[1:] for p in parts if p) or "Profile"
+
+
+def _capacity(profile: Profile) -> tuple[float, str] | None:
+    """(req/s, where it came from) for the request-rate alert."""
+    obj = profile.metrics.get("objective") or {}
+    best = profile.metrics.get("best") or {}
+    if obj.get("name") == "capacity" and isinstance(obj.get("best"), (int, float)):
+        return float(obj["best"]), f"capacity {obj['best']:g} req/s measured under the SLO"
+    served = best.get("request_throughput")
+    if isinstance(served, (int, float)) and served > 0:
+        offered = profile.workload.get("rate")
+        at = f" at {offered:g} offered" if isinstance(offered, (int, float)) else ""
+        return float(served), (f"{served:.2f} req/s served in the profile's measurement"
+                               f"{at} (not a capacity: tune with --objective capacity "
+                               "for one)")
+    return None
+
+
+def _preemptions_note(profile: Profile) -> str:
+    server = (profile.metrics.get("best") or {}).get("server") or {}
+    n = server.get("preemptions")
+    if not isinstance(n, int):
+        return "the profile holds no preemption count"
+    return (f"the profile's measurement saw {n} preemptions at its own load"
+            + ("" if n else ": any now means more load or longer requests than tuned for"))
+
+
+def _latency_targets(profile: Profile) -> list[tuple[SLO, str]]:
+    """(SLO, where its threshold came from) for each latency alert."""
+    slos = [s for s in parse_slo(",".join(profile.slo)) if s.metric != "throughput"]
+    if slos:
+        return [(s, f"the profile's SLO {s}") for s in slos]
+    best = profile.metrics.get("best") or {}
+    out = []
+    for metric in ("ttft", "tpot", "e2e"):
+        p99 = (best.get(f"{metric}_ms") or {}).get("p99")
+        if isinstance(p99, (int, float)) and p99 > 0:
+            limit = p99 * NO_SLO_MARGIN
+            out.append((SLO(f"{metric}_p99", "<=", limit),
+                        f"no SLO in the profile: its measured {metric} p99 {p99:.1f} ms "
+                        f"+{NO_SLO_MARGIN - 1:.0%} (run-to-run spread of a p99)"))
+    return out
+
+
+def rules(profile: Profile) -> dict[str, Any]:
+    engine = ENGINES.get(profile.engine.name)
+    if engine is None:
+        raise InputError(f"--format prometheus-rules: qtune has no adapter for engine "
+                         f"{profile.engine.name!r}, so it does not know its metric names",
+                         hint="available engines: " + ", ".join(sorted(ENGINES)))
+    names = engine.metric_names()
+    if names is None:
+        raise InputError(f"--format prometheus-rules: the {profile.engine.name} adapter "
+                         "names no metrics", hint="use an engine that exports Prometheus "
+                         "metrics")
+    served = str(profile.model.get("served_name") or profile.model.get("id") or "")
+    label = names.model_label
+    sel = f"{{{label}={promql_string(served)}}}" if label and served else ""
+    by = f"le, {label}" if label and served else "le"
+    rid = _rule_id(profile.name)
+    base_labels = {"qtune_profile": profile.name}
+    records: list[dict[str, Any]] = []
+    alerts: list[dict[str, Any]] = []
+
+    def alert(name: str, expr: str, for_: str, severity: str, summary: str,
+              threshold_from: str) -> None:
+        rule: dict[str, Any] = {"alert": f"{rid}{name}", "expr": expr}
+        if for_:
+            rule["for"] = for_
+        rule.update(labels={**base_labels, "severity": severity},
+                    annotations={"summary": one_line(summary),
+                                 "threshold_from": one_line(threshold_from)})
+        alerts.append(rule)
+
+    for slo, source in _latency_targets(profile):
+        metric, _, stat = slo.metric.rpartition("_")
+        hist = getattr(names, _HIST[metric], None)
+        if hist is None:
+            continue  # the engine exports no histogram for it
+        record = f"qtune:{hist.replace(':', '_')}:{stat}_{RATE_WINDOW}"
+        if stat == "mean":
+            expr = (f"sum by ({label}) (rate({hist}_sum{sel}[{RATE_WINDOW}])) / "
+                    f"sum by ({label}) (rate({hist}_count{sel}[{RATE_WINDOW}]))"
+                    if label and served else
+                    f"sum(rate({hist}_sum[{RATE_WINDOW}])) / "
+                    f"sum(rate({hist}_count[{RATE_WINDOW}]))")
+        else:
+            expr = (f"histogram_quantile({_QUANTILE[stat]}, sum by ({by}) "
+                    f"(rate({hist}_bucket{sel}[{RATE_WINDOW}])))")
+        records.append({"record": record, "expr": expr, "labels": dict(base_labels)})
+        limit_s = slo.limit / 1000.0
+        alert(f"{metric.upper()}{stat.upper()}OverSLO", f"{record}{sel} > {limit_s:g}",
+              SUSTAIN, "page",
+              f"{_WHAT[metric]} {stat} over {slo.limit:g} ms for {SUSTAIN} "
+              f"({served or profile.name})", source)
+
+    cap = _capacity(profile)
+    if cap is not None and names.request_success:
+        rate_record = f"qtune:{names.request_success.replace(':', '_')}:rate_{RATE_WINDOW}"
+        records.append({"record": rate_record, "labels": dict(base_labels),
+                        "expr": (f"sum by ({label}) (rate({names.request_success}_total"
+                                 f"{sel}[{RATE_WINDOW}]))" if label and served else
+                                 f"sum(rate({names.request_success}_total[{RATE_WINDOW}]))")})
+        value, source = cap
+        alert("NearCapacity", f"{rate_record}{sel} > {value * CAPACITY_SHARE:.4g}", SUSTAIN,
+              "warn", f"completed requests above {CAPACITY_SHARE:.0%} of {value:g} req/s "
+              f"for {SUSTAIN}: add a replica before latency breaks",
+              f"{CAPACITY_SHARE:.0%} of {source}")
+    waiting = f"sum({names.requests_waiting}{sel})"
+    alert("QueueGrowing", f"min_over_time({waiting}[5m:30s]) > 0 and "
+          f"deriv({waiting}[{SUSTAIN}:30s]) > 0", SUSTAIN, "warn",
+          "requests waiting for 5 minutes without the queue emptying, and growing: "
+          "the server does not keep up",
+          "a load holds only while the queue does not grow (how qtune decided capacity)")
+    alert("KVCacheNearFull", f"max({names.kv_cache_usage}{sel}) > {KV_FULL}", "5m", "warn",
+          f"KV cache above {KV_FULL:.0%} for 5 minutes: preemptions come next",
+          "engine limit, not a profile figure")
+    alert("Preempting", f"sum(increase({names.preemptions}_total{sel}[{RATE_WINDOW}])) > 0",
+          "", "warn", "the engine preempted requests (KV cache exhausted): latency jumps",
+          _preemptions_note(profile))
+    alert("Down", f"absent_over_time({names.requests_running}{sel}[2m])", "", "page",
+          f"no metrics from the {profile.engine.name} server for 2 minutes (down or not "
+          "scraped)", "engine liveness")
+    return {"groups": [{"name": f"qtune-{profile.name}", "rules": records + alerts}]}
+
+
+def render(profile: Profile) -> str:
+    head = summary_lines(profile) + [
+        "Prometheus rules: load with rule_files; thresholds from the profile "
+        "(see each alert's threshold_from)"]
+    text = "".join(f"# {line}\n" for line in head)
+    return text + yaml.safe_dump(rules(profile), sort_keys=False, width=1000)
