@@ -551,6 +551,11 @@ def emit(
     image: Annotated[str | None, typer.Option(
         help="Container image for compose/kubernetes (default: the engine's "
              "published image at the tuned version).")] = None,
+    autoscale: Annotated[str | None, typer.Option(
+        help="kubernetes: add an autoscaler (hpa) on completed requests per pod at 80% "
+             "of the profile's measured rate.")] = None,
+    max_replicas: Annotated[int, typer.Option(
+        min=1, max=1000, help="kubernetes --autoscale: most replicas.")] = 4,
     force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
@@ -562,7 +567,7 @@ def emit(
 
     if output is not None:  # before the profile is read
         check_target(output, "-o", force=force)
-    text = do_emit(Profile.load(profile), format, image)
+    text = do_emit(Profile.load(profile), format, image, autoscale, max_replicas)
     if output is not None:
         write_atomic(output, text, force=force, what="-o")
         if not json_out:

@@ -18,7 +18,13 @@ CONTAINER_EMITTERS: dict[str, Callable[[Profile, str | None], str]] = {
 }
 
 
-def emit(profile: Profile, fmt: str, image: str | None = None) -> str:
+def emit(profile: Profile, fmt: str, image: str | None = None,
+         autoscale: str | None = None, max_replicas: int = 4) -> str:
+    if autoscale is not None and fmt != "kubernetes":
+        raise InputError(f"--autoscale: the {fmt} format has no autoscaler",
+                         hint="--autoscale is for --format kubernetes")
+    if fmt == "kubernetes":
+        return kubernetes.render(profile, image, autoscale, max_replicas)
     if fmt in CONTAINER_EMITTERS:
         return CONTAINER_EMITTERS[fmt](profile, image)
     if fmt not in EMITTERS:

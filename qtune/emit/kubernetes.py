@@ -9,7 +9,10 @@ what changes between the host and the container).
 - ``Recreate``: a rolling update would need the GPUs twice;
 - the model folder is a hostPath, as tuned on this host: use a PVC where the
   model lives on shared storage;
-- ``HF_TOKEN`` from an optional Secret ``hf-token`` (key ``token``).
+- ``HF_TOKEN`` from an optional Secret ``hf-token`` (key ``token``);
+- with ``--autoscale hpa``, a HorizontalPodAutoscaler on completed requests
+  per second per pod (CPU use says nothing about an LLM server) at 80% of
+  the profile's capacity, its scale-up stabilisation the measured start.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import math
 from typing import Any
 
 from qtune.emit.container import Container, container_view, dump
+from qtune.errors import InputError
 from qtune.profile import Profile
 
 
@@ -40,7 +44,61 @@ def _esc(value: str) -> str:
     return value.replace("$", "$$")
 
 
-def render(profile: Profile, image: str | None = None) -> str:
+# The pod metric the HPA reads; Prometheus Adapter makes it from the
+# engine's request counter (the rule is in the manifest's header).
+HPA_METRIC = "qtune_requests_per_second"
+AUTOSCALERS = ("hpa",)
+
+
+def autoscaler(profile: Profile, name: str, max_replicas: int) -> tuple[dict[str, Any],
+                                                                        list[str]]:
+    """The HPA document and the header lines that say what it rests on."""
+    from qtune.emit.prometheus import CAPACITY_SHARE, capacity, model_matcher
+
+    cap = capacity(profile)
+    if cap is None:
+        raise InputError("--autoscale: the profile holds no measured rate to scale on",
+                         hint="tune with --objective capacity, or any objective at a "
+                         "fixed --rate")
+    value, source = cap
+    matcher, counter = model_matcher(profile)
+    start = int(math.ceil(float(profile.metrics.get("startup_s") or 0)))
+    per_pod = value * CAPACITY_SHARE
+    settle = min(3600, max(start, 60))
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": name,
+                                              "app.kubernetes.io/managed-by": "qtune"}},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": 1,
+            "maxReplicas": max_replicas,
+            "metrics": [{"type": "Pods", "pods": {
+                "metric": {"name": HPA_METRIC},
+                "target": {"type": "AverageValue",
+                           "averageValue": f"{int(per_pod * 1000)}m"}}}],
+            "behavior": {
+                # a new pod serves only after its start: do not add another
+                # on the same burst before the first could help
+                "scaleUp": {"stabilizationWindowSeconds": settle},
+                "scaleDown": {"stabilizationWindowSeconds": 600},
+            },
+        },
+    }
+    head = [
+        f"HPA: scale at {per_pod:.3g} completed req/s per pod = {CAPACITY_SHARE:.0%} of "
+        f"{source}",
+        f"HPA: scale-up stabilisation {settle} s from the measured start ({start} s)",
+        f"HPA: needs Prometheus Adapter to serve the pod metric {HPA_METRIC}: rule "
+        f"seriesQuery '{counter}_total{matcher}', name.as '{HPA_METRIC}', metricsQuery "
+        f"'sum(rate(<<.Series>>{{<<.LabelMatchers>>}}[2m])) by (<<.GroupBy>>)'",
+    ]
+    return hpa, head
+
+
+def render(profile: Profile, image: str | None = None, autoscale: str | None = None,
+           max_replicas: int = 4) -> str:
     c = container_view(profile, image)
     labels = {"app.kubernetes.io/name": c.name, "app.kubernetes.io/managed-by": "qtune"}
     env: list[dict[str, Any]] = [{"name": k, "value": _esc(v)} for k, v in c.env.items()]
@@ -72,21 +130,18 @@ def render(profile: Profile, image: str | None = None) -> str:
     if c.gpus:
         gpus = {"nvidia.com/gpu": str(c.gpus)}
         container["resources"] = {"limits": gpus, "requests": dict(gpus)}
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": c.name, "labels": labels},
-        "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": {"app.kubernetes.io/name": c.name}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"containers": [container], "volumes": volumes,
-                         "terminationGracePeriodSeconds": 120},
-            },
+    spec: dict[str, Any] = {
+        "replicas": 1,
+        "strategy": {"type": "Recreate"},
+        "selector": {"matchLabels": {"app.kubernetes.io/name": c.name}},
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": {"containers": [container], "volumes": volumes,
+                     "terminationGracePeriodSeconds": 120},
         },
     }
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
+                  "metadata": {"name": c.name, "labels": labels}, "spec": spec}
     service = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -94,8 +149,17 @@ def render(profile: Profile, image: str | None = None) -> str:
         "spec": {"selector": {"app.kubernetes.io/name": c.name},
                  "ports": [{"name": "http", "port": c.port, "targetPort": "http"}]},
     }
+    docs = [deployment, service]
     head = list(c.header)
+    if autoscale is not None:
+        if autoscale not in AUTOSCALERS:
+            raise InputError(f"--autoscale: unknown autoscaler {autoscale!r}",
+                             hint="available: " + ", ".join(AUTOSCALERS))
+        hpa, lines = autoscaler(profile, c.name, max_replicas)
+        docs.append(hpa)
+        head += lines
+        del spec["replicas"]  # the HPA owns the count
     if c.cpus:
         head.append(f"NUMA: tuned on CPUs {c.cpus}; in Kubernetes, the kubelet's "
                     "Topology Manager (single-numa-node) places the pod")
-    return dump(head, [deployment, service])
+    return dump(head, docs)

@@ -65,7 +65,7 @@ def _rule_id(text: str) -> str:
     return "".join(p[:1].upper() + p[1:] for p in parts if p) or "Profile"
 
 
-def _capacity(profile: Profile) -> tuple[float, str] | None:
+def capacity(profile: Profile) -> tuple[float, str] | None:
     """(req/s, where it came from) for the request-rate alert."""
     obj = profile.metrics.get("objective") or {}
     best = profile.metrics.get("best") or {}
@@ -79,6 +79,20 @@ def _capacity(profile: Profile) -> tuple[float, str] | None:
                                f"{at} (not a capacity: tune with --objective capacity "
                                "for one)")
     return None
+
+
+def model_matcher(profile: Profile) -> tuple[str, str]:
+    """(``{model_label="served"}`` or "", the request counter's name) for
+    a profile whose engine qtune knows."""
+    engine = ENGINES.get(profile.engine.name)
+    names = engine.metric_names() if engine is not None else None
+    if names is None:
+        raise InputError(f"qtune knows no metric names for engine {profile.engine.name!r}",
+                         hint="available engines: " + ", ".join(sorted(ENGINES)))
+    served = str(profile.model.get("served_name") or profile.model.get("id") or "")
+    sel = (f"{{{names.model_label}={promql_string(served)}}}"
+           if names.model_label and served else "")
+    return sel, names.request_success
 
 
 def _preemptions_note(profile: Profile) -> str:
@@ -159,7 +173,7 @@ def rules(profile: Profile) -> dict[str, Any]:
               f"{_WHAT[metric]} {stat} over {slo.limit:g} ms for {SUSTAIN} "
               f"({served or profile.name})", source)
 
-    cap = _capacity(profile)
+    cap = capacity(profile)
     if cap is not None and names.request_success:
         rate_record = f"qtune:{names.request_success.replace(':', '_')}:rate_{RATE_WINDOW}"
         records.append({"record": rate_record, "labels": dict(base_labels),
