@@ -144,12 +144,10 @@ def read_server_args(install: EngineInstall, timeout: float = 240.0) -> dict[str
             return cached
         except ValueError:
             pass
-    env = None
-    if install.pythonpath:
-        env = {"PYTHONPATH": install.pythonpath}
+    # (an install found under PYTHONPATH was found with this environment's)
     try:
         proc = subprocess.run([install.python, "-c", _SCRIPT], capture_output=True,
-                              text=True, timeout=timeout, env=env)
+                              text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return None
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("QTUNE-ARGS")),
@@ -286,8 +284,13 @@ class SGLang(Engine):
         self, params: Mapping[str, Any], ctx: SpaceContext, *, host: str, port: int
     ) -> LaunchSpec:
         m = ctx.model
+        # --model is 0.5.17's alias of --model-path, the word every engine's
+        # command shares; a version without the alias gets --model-path
+        aliases = ((ctx.engine_args or {}).get("model_path") or {}).get("aliases")
+        model_flag = "--model-path" if aliases is not None and "--model" not in aliases \
+            else "--model"
         argv = [ctx.install.python or "python3", "-m", _SERVER_MODULE,
-                "--model", str(m.path), "--served-model-name", m.served_name]
+                model_flag, str(m.path), "--served-model-name", m.served_name]
         if m.tokenizer_dir != m.path:
             argv += ["--tokenizer-path", str(m.tokenizer_dir)]
         if m.load_format:

@@ -74,6 +74,10 @@ def test_an_older_version_s_names_are_used_where_it_has_them(gpu_ctx):
     assert "enable_mixed_chunk" not in names
     argv = SGLang().launch_spec({"cuda_graph_max_bs": 128}, ctx, host="h", port=1).argv
     assert "--cuda-graph-max-bs" in argv
+    assert "--model" in argv  # the alias this parser has
+    old["model_path"] = dict(ARGS["model_path"], aliases=[])
+    argv = SGLang().launch_spec({}, ctx, host="h", port=1).argv
+    assert "--model-path" in argv and "--model" not in argv
 
 
 def test_exact_leaves_out_the_lossy_options(gpu_ctx):
@@ -189,3 +193,43 @@ def test_registry_and_deploy_hooks():
         == 8192
     assert e.cache_reset_paths() == ("/flush_cache",)
     assert "sglang" in e.install_hint()
+
+
+def test_the_arguments_are_read_from_the_installed_parser_and_cached(tmp_path, monkeypatch):
+    """The reader runs in the engine's Python against its ServerArgs (here
+    a package shaped like sglang's: a deprecated alias added by hand after
+    the dataclass's own flags, as 0.5.17 does)."""
+    from qtune.engines.sglang import read_server_args
+
+    pkg = tmp_path / "site" / "sglang" / "srt"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg.parent / "version.py").write_text("__version__ = '0.5.99'\n")
+    (pkg / "server_args.py").write_text(
+        "class ServerArgs:\n"
+        "    @staticmethod\n"
+        "    def add_cli_args(p):\n"
+        "        p.add_argument('--model-path', '--model', type=str)\n"
+        "        p.add_argument('--mem-fraction-static', type=float, default=None)\n"
+        "        p.add_argument('--schedule-policy', type=str, default='fcfs',\n"
+        "                       choices=['lpm', 'fcfs'])\n"
+        "        p.add_argument('--disable-radix-cache', action='store_true')\n"
+        "        p.add_argument('--cuda-graph-max-bs-decode', type=int)\n"
+        "        p.add_argument('--cuda-graph-max-bs', type=int,\n"
+        "                       dest='cuda_graph_max_bs_decode')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    install = EngineInstall("sglang", "0.5.99", "cuda", sys.executable)
+    args = read_server_args(install)
+    assert args is not None
+    assert args["mem_fraction_static"]["kind"] == "float"
+    assert args["schedule_policy"] == {"flag": "--schedule-policy", "kind": "choice",
+                                       "default": "fcfs", "choices": ["lpm", "fcfs"],
+                                       "aliases": []}
+    assert args["disable_radix_cache"]["kind"] == "flag"
+    assert args["cuda_graph_max_bs_decode"]["aliases"] == ["--cuda-graph-max-bs"]
+    assert args["model_path"]["aliases"] == ["--model"]
+    # cached per version: the next study does not import SGLang again
+    gone = dataclasses.replace(install, python=str(tmp_path / "no-python"))
+    assert read_server_args(gone) == args
+    assert read_server_args(dataclasses.replace(gone, version="0.5.98")) is None

@@ -181,3 +181,13 @@ def test_registry_image_and_hint():
     assert e.image("rocm", "3.3.7").endswith(":3.3.7-rocm")
     assert "text-generation-server" in e.install_hint()
     assert "has not run" in e.install_hint()
+
+
+def test_the_installed_launcher_s_help_is_read(tmp_path):
+    launcher = tmp_path / "text-generation-launcher"
+    launcher.write_text(f"#!/bin/sh\ncat '{ENG_FIX / 'tgi-3.3.7-launcher-help.md'}'\n")
+    launcher.chmod(0o755)
+    install = EngineInstall("tgi", "3.3.7", "cuda", None, str(launcher))
+    assert TGI().read_args(install) == ARGS
+    assert TGI().read_args(dataclasses.replace(
+        install, location=str(tmp_path / "missing"))) is None
