@@ -19,6 +19,7 @@ arguments and help are in tests/engines/fixtures/):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -32,6 +33,7 @@ from qtune.engines.base import (
     Engine,
     Failure,
     LaunchSpec,
+    LoadView,
     MetricNames,
     Param,
     SpaceContext,
@@ -258,6 +260,39 @@ class SGLang(Engine):
 
     def baseline(self, ctx: SpaceContext) -> tuple[dict[str, Any], str | None]:
         return {}, None
+
+    def shape(
+        self, params: list[Param], ctx: SpaceContext, load: LoadView
+    ) -> tuple[list[Param], dict[str, Any], list[str]]:
+        """Cut what this load cannot use, from facts of the load alone: a
+        client that keeps at most C requests in flight never fills more
+        than C running slots, and a prefix-ordered queue (``lpm``) orders
+        nothing when no prompt shares a prefix."""
+        out: list[Param] = []
+        fixed: dict[str, Any] = {}
+        notes: list[str] = []
+        for p in params:
+            if p.name == "max_running_requests" and p.kind == "int" and load.concurrency:
+                lo, hi = (int(b) for b in p.bounds)
+                hi = max(lo, min(hi, load.concurrency))
+                if hi != p.high:
+                    notes.append(f"max_running_requests {lo}..{hi}: the client keeps at "
+                                 f"most {load.concurrency} in flight")
+                    if lo == hi:
+                        fixed[p.name] = lo
+                        continue
+                    p = dataclasses.replace(p, high=hi)
+            if p.name == "schedule_policy" and p.kind == "choice" and not load.shared_prefix:
+                keep = tuple(c for c in p.choices if c not in ("lpm", "dfs-weight"))
+                if len(keep) < len(p.choices):
+                    notes.append(f"schedule_policy in {list(keep)}: the prompts share no "
+                                 "prefix for lpm to order by")
+                    if len(keep) == 1:
+                        fixed[p.name] = keep[0]
+                        continue
+                    p = dataclasses.replace(p, choices=keep)
+            out.append(p)
+        return out, fixed, notes
 
     def gpus_used(self, params: Mapping[str, Any]) -> int:
         return (int(params.get("tp_size", 1)) * int(params.get("pp_size", 1))

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from qtune.engines import get_engine
-from qtune.engines.base import SpaceContext
+from qtune.engines.base import LoadView, SpaceContext
 from qtune.engines.sglang import SGLang
 from qtune.host import probe
 from qtune.host.installed import EngineInstall
@@ -233,3 +233,21 @@ def test_the_arguments_are_read_from_the_installed_parser_and_cached(tmp_path, m
     gone = dataclasses.replace(install, python=str(tmp_path / "no-python"))
     assert read_server_args(gone) == args
     assert read_server_args(dataclasses.replace(gone, version="0.5.98")) is None
+
+
+def test_shape_cuts_what_the_load_cannot_use(gpu_ctx):
+    e = SGLang()
+    params = e.space(gpu_ctx)
+    closed = LoadView(rate=None, concurrency=32, shared_prefix=False)
+    out, fixed, notes = e.shape(params, gpu_ctx, closed)
+    by = {p.name: p for p in out}
+    assert by["max_running_requests"].high == 32 and fixed == {}
+    assert by["schedule_policy"].choices == ("fcfs", "lof")
+    assert len(notes) == 2
+    # an open load whose prompts share prefixes keeps both as they were
+    opened = LoadView(rate=8.0, concurrency=None, shared_prefix=True)
+    assert e.shape(params, gpu_ctx, opened) == (params, {}, [])
+    # no more streams than the smallest limit: nothing left to tune
+    _, fixed, _ = e.shape(params, gpu_ctx, LoadView(rate=None, concurrency=8,
+                                                    shared_prefix=True))
+    assert fixed == {"max_running_requests": 8}
