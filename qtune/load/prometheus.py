@@ -190,7 +190,7 @@ class MetricsWatcher:
             "running_peak": self.peaks.get(n.requests_running or ""),
             "prefix_cache_hit_rate": (delta(n.prefix_cache_hits) / queries
                                       if queries > 0 else None),
-            "prefix_cache_queries": int(queries),
+            "prefix_cache_queries": int(queries) if n.prefix_cache_queries else None,
             "prompt_tokens": int(delta(n.prompt_tokens)) if n.prompt_tokens else None,
             "generation_tokens": (int(delta(n.generation_tokens))
                                   if n.generation_tokens else None),

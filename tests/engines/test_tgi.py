@@ -172,7 +172,7 @@ def test_metrics_map_onto_the_server_view_and_say_what_tgi_lacks():
     assert r["running_peak"] == 24.0
     # not reported by TGI: not measured, never 0
     assert r["preemptions"] is None and r["kv_cache_usage_peak"] is None
-    assert r["prefix_cache_hit_rate"] is None
+    assert r["prefix_cache_hit_rate"] is None and r["prefix_cache_queries"] is None
 
 
 def test_registry_image_and_hint():
