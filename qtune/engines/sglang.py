@@ -4,11 +4,12 @@ Facts used here (SGLang 0.5.17, /work/research/sglang.md; the captured
 arguments and help are in tests/engines/fixtures/):
 - ``ServerArgs.add_cli_args`` builds the parser from the ``ServerArgs``
   dataclass, so the installed SGLang's argparse gives every flag, type,
-  choice and default of *that* version (0.5.17 has 475 actions).  Importing
+  choice and default of *that* version (0.5.17: 458 dests).  Importing
   it pulls in torch and triton: the answer is cached per version.
-- 0.5.17 renamed ``--cuda-graph-max-bs`` to ``--cuda-graph-max-bs-decode``
-  (the old name is a deprecated alias with the new dest): the space uses
-  whichever dest the installed version has.
+- In 0.5.17 ``--cuda-graph-max-bs`` is a deprecated alias of
+  ``--cuda-graph-max-bs-decode`` (dest ``cuda_graph_max_bs_decode``); older
+  releases have only the first: the space uses whichever dest the
+  installed version has.
 - ``chunked_prefill_size > 0`` must be a multiple of ``page_size``
   (``check_server_args``); ``--served-model-name`` must not contain ':'.
 - GPUs used = dp x tp x pp without DP attention (each replica a full TP
@@ -89,8 +90,9 @@ _METRICS = MetricNames(
     engine_label="dp_rank",
 )
 
-# lmsysorg/sglang tags: v{version}-cu130-runtime from 0.5.11 on (CUDA 13,
-# torch 2.11), the serving image without the development tools.
+# lmsysorg/sglang's CUDA 13 serving image, without the development tools
+# (release-docker-runtime.yml tags v{version}-cu130-runtime; a public deploy
+# script pins v0.5.17-cu130-runtime by digest).
 _IMAGE = "lmsysorg/sglang:v{version}-cu130-runtime"
 
 # The dests the space uses, by the names older releases gave them.

@@ -62,7 +62,7 @@ def test_the_space_has_the_issue_s_flags_under_this_version_s_names(gpu_ctx):
 
 
 def test_an_older_version_s_names_are_used_where_it_has_them(gpu_ctx):
-    """Before 0.5.17 the decode graph limit was --cuda-graph-max-bs (dest
+    """Older releases name the decode graph limit --cuda-graph-max-bs (dest
     cuda_graph_max_bs); a flag the version lacks never appears."""
     old = {k: v for k, v in ARGS.items()
            if k not in ("cuda_graph_max_bs_decode", "enable_mixed_chunk")}
