@@ -444,7 +444,8 @@ def render_bench(res: dict[str, Any]) -> None:
         sv = res["server"]
         hit = sv["prefix_cache_hit_rate"]
         kv = sv.get("kv_cache_usage_peak")
-        out.print(f"server: {sv['preemptions']} preemptions, KV cache peak "
+        pre = sv.get("preemptions")
+        out.print(f"server: {'-' if pre is None else pre} preemptions, KV cache peak "
                   + ("-" if kv is None else f"{_fmt(kv * 100)}%")
                   + f", waiting peak {_fmt(sv.get('waiting_peak'))}, prefix-cache hit rate "
                   + ("-" if hit is None else f"{hit:.1%}")

@@ -45,21 +45,26 @@ class LaunchSpec:
 class MetricNames:
     """The Prometheus sample names by which a server reports what the load
     client cannot see (``qtune.load.prometheus`` reads them).  Counters are
-    read without their ``_total`` suffix."""
+    read without their ``_total`` suffix.  None: the engine reports no such
+    metric (TGI has no KV-cache gauge), and the server view says "not
+    measured" for it rather than 0."""
 
     # gauges, read during the measured phase
-    kv_cache_usage: str  # fraction of the KV cache in use (per engine: never summed)
-    requests_waiting: str
-    requests_running: str
+    kv_cache_usage: str | None  # fraction of the KV cache in use (per engine: never summed)
+    requests_waiting: str | None
+    requests_running: str | None
     # counters, read before and after it
-    preemptions: str
-    prefix_cache_queries: str
-    prefix_cache_hits: str
-    prompt_tokens: str
-    generation_tokens: str
-    request_success: str
+    preemptions: str | None
+    prefix_cache_queries: str | None
+    prefix_cache_hits: str | None
+    prompt_tokens: str | None
+    generation_tokens: str | None
+    request_success: str | None
     # gauge name -> the names older releases gave it
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # the label that tells data-parallel replicas apart (vLLM's "engine",
+    # SGLang's "dp_rank"): other labels are summed over
+    engine_label: str = "engine"
     # histograms (base names, seconds) for the emitted alert rules
     # (qtune.emit.prometheus); None where the engine exports none
     ttft_seconds: str | None = None
@@ -71,4 +76,5 @@ class MetricNames:
 
     @property
     def gauges(self) -> tuple[str, ...]:
-        return (self.kv_cache_usage, self.requests_waiting, self.requests_running)
+        return tuple(g for g in (self.kv_cache_usage, self.requests_waiting,
+                                 self.requests_running) if g is not None)

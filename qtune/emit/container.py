@@ -30,7 +30,7 @@ import yaml
 
 from qtune.emit.common import one_line, start_timeout, summary_lines
 from qtune.engines import ENGINES, gpus_used
-from qtune.engines.base import CacheVolume
+from qtune.engines.base import CacheVolume, CommandWords
 from qtune.errors import InputError
 from qtune.profile import Profile
 
@@ -118,13 +118,16 @@ def _mount_for(path: str, role: str, taken: list[Mount]) -> tuple[Mount, str]:
 
 def container_view(profile: Profile, image: str | None = None) -> Container:
     argv = list(profile.argv)
-    if len(argv) < 3 or argv[1] != "-m":
+    engine = ENGINES.get(profile.engine.name)
+    words = engine.command_words() if engine else CommandWords()
+    split = words.split(argv)
+    if split is None:
         raise InputError(
             f"profile {profile.name}: its command is not `python -m <module>`; "
             "container formats re-run that module in the engine's image",
             hint="use --format systemd for this profile",
         )
-    engine = ENGINES.get(profile.engine.name)
+    command, engine_args = split
     if image is None:
         # The tag pins the version the profile was tuned on (never :latest).
         image = engine.image(profile.engine.build, profile.engine.version) if engine else None
@@ -138,29 +141,30 @@ def container_view(profile: Profile, image: str | None = None) -> Container:
     args: list[str] = []
     port = 8000
     # --flag=value is one word to argparse and two here.
-    rest = [w for a in argv[3:] for w in (
+    rest = [w for a in engine_args for w in (
         a.split("=", 1) if a.startswith("--") and "=" in a else [a])]
     i = 0
     while i < len(rest):
         a = rest[i]
         val = rest[i + 1] if i + 1 < len(rest) else None
-        if a == "--host" and val is not None:
+        if a == words.host and val is not None:
             args += [a, "0.0.0.0"]
             i += 2
             continue
-        if a == "--port" and val is not None:
+        if a == words.port and val is not None:
             if not (val.isascii() and val.isdigit() and 0 < int(val) < 65536):
                 raise InputError(
-                    f"profile {profile.name}: argv: --port is not a port number",
-                    hint="a port is 1-65535; fix the profile's --port")
+                    f"profile {profile.name}: argv: {a} is not a port number",
+                    hint=f"a port is 1-65535; fix the profile's {a}")
             port = int(val)
-        if a in ("--model", "--tokenizer") and val is not None:
+        if a in words.model + words.tokenizer and val is not None:
             if not val.startswith("/"):
                 raise InputError(
                     f"profile {profile.name}: {a} is a relative path; a container "
                     "needs the host folder to mount",
                     hint="re-run qtune search (it writes absolute paths) or fix the profile")
-            _, dest = _mount_for(val, a[2:], mounts)
+            role = "model" if a in words.model else "tokenizer"
+            _, dest = _mount_for(val, role, mounts)
             args += [a, dest]
             i += 2
             continue
@@ -174,7 +178,7 @@ def container_view(profile: Profile, image: str | None = None) -> Container:
     return Container(
         name=dns_name(profile.name),
         image=image,
-        command=["python3", "-m", argv[2]],
+        command=command,
         args=args,
         env=env,
         port=port,

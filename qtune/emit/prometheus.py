@@ -92,6 +92,9 @@ def model_matcher(profile: Profile) -> tuple[str, str]:
     served = str(profile.model.get("served_name") or profile.model.get("id") or "")
     sel = (f"{{{names.model_label}={promql_string(served)}}}"
            if names.model_label and served else "")
+    if names.request_success is None:
+        raise InputError(f"the {profile.engine.name} adapter names no completed-request "
+                         "counter", hint="scale on another signal by hand")
     return sel, names.request_success
 
 
@@ -186,20 +189,26 @@ def rules(profile: Profile) -> dict[str, Any]:
               f"for {SUSTAIN}: add a replica before latency breaks",
               f"{CAPACITY_SHARE:.0%} of {source}")
     waiting = f"sum({names.requests_waiting}{sel})"
-    alert("QueueGrowing", f"min_over_time({waiting}[5m:30s]) > 0 and "
-          f"deriv({waiting}[{SUSTAIN}:30s]) > 0", SUSTAIN, "warn",
-          "requests waiting for 5 minutes without the queue emptying, and growing: "
-          "the server does not keep up",
-          "a load holds only while the queue does not grow (how qtune decided capacity)")
-    alert("KVCacheNearFull", f"max({names.kv_cache_usage}{sel}) > {KV_FULL}", "5m", "warn",
-          f"KV cache above {KV_FULL:.0%} for 5 minutes: preemptions come next",
-          "engine limit, not a profile figure")
-    alert("Preempting", f"sum(increase({names.preemptions}_total{sel}[{RATE_WINDOW}])) > 0",
-          "", "warn", "the engine preempted requests (KV cache exhausted): latency jumps",
-          _preemptions_note(profile))
-    alert("Down", f"absent_over_time({names.requests_running}{sel}[2m])", "", "page",
-          f"no metrics from the {profile.engine.name} server for 2 minutes (down or not "
-          "scraped)", "engine liveness")
+    if names.requests_waiting:
+        alert("QueueGrowing", f"min_over_time({waiting}[5m:30s]) > 0 and "
+              f"deriv({waiting}[{SUSTAIN}:30s]) > 0", SUSTAIN, "warn",
+              "requests waiting for 5 minutes without the queue emptying, and growing: "
+              "the server does not keep up",
+              "a load holds only while the queue does not grow (how qtune decided "
+              "capacity)")
+    if names.kv_cache_usage:
+        alert("KVCacheNearFull", f"max({names.kv_cache_usage}{sel}) > {KV_FULL}", "5m",
+              "warn", f"KV cache above {KV_FULL:.0%} for 5 minutes: preemptions come next",
+              "engine limit, not a profile figure")
+    if names.preemptions:
+        alert("Preempting",
+              f"sum(increase({names.preemptions}_total{sel}[{RATE_WINDOW}])) > 0",
+              "", "warn", "the engine preempted requests (KV cache exhausted): latency jumps",
+              _preemptions_note(profile))
+    if names.requests_running:
+        alert("Down", f"absent_over_time({names.requests_running}{sel}[2m])", "", "page",
+              f"no metrics from the {profile.engine.name} server for 2 minutes (down or "
+              "not scraped)", "engine liveness")
     return {"groups": [{"name": f"qtune-{profile.name}", "rules": records + alerts}]}
 
 

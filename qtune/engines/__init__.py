@@ -6,10 +6,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from qtune.engines.base import Engine, MetricNames
+from qtune.engines.sglang import SGLang
+from qtune.engines.tgi import TGI
 from qtune.engines.vllm import VLLM
 from qtune.errors import InputError
 
-ENGINES: dict[str, Engine] = {"vllm": VLLM()}
+ENGINES: dict[str, Engine] = {"vllm": VLLM(), "sglang": SGLang(), "tgi": TGI()}
 DEFAULT_ENGINE = "vllm"
 
 
@@ -37,6 +39,5 @@ def get_engine(name: str) -> Engine:
     except KeyError:
         raise InputError(
             f"unknown engine {name!r}",
-            hint=f"available: {', '.join(sorted(ENGINES))} (TGI and SGLang adapters "
-            "are not written yet)",
+            hint=f"available: {', '.join(sorted(ENGINES))}",
         ) from None

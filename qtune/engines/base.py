@@ -29,7 +29,7 @@ from qtune.launch import LaunchSpec, MetricNames
 from qtune.model import ModelInfo
 
 __all__ = [
-    "CacheVolume", "Engine", "Failure", "FixedArgs", "LaunchSpec", "LoadView",
+    "CacheVolume", "CommandWords", "Engine", "Failure", "FixedArgs", "LaunchSpec", "LoadView",
     "MetricNames", "Param", "SpaceContext", "classify_by_patterns",
 ]
 
@@ -122,6 +122,37 @@ class CacheVolume:
 
     name: str  # volume name
     path: str  # where the engine writes it inside its image
+
+
+@dataclass(frozen=True)
+class CommandWords:
+    """How the engine's launch command is laid out, for the code that reruns
+    or redeploys a profile's argv without knowing the engine: which flags
+    carry the listening address and the host folders a container mounts,
+    and how the program is started."""
+
+    host: str = "--host"
+    port: str = "--port"
+    # flags whose value is a host folder a container mounts
+    model: tuple[str, ...] = ("--model",)
+    tokenizer: tuple[str, ...] = ("--tokenizer",)
+    # "module": argv is ``python -m <module> <args>`` (the image runs the
+    # same module with its own python3); "program": ``<program> <args>``,
+    # and the image starts it as ``image_command`` (its entrypoint script,
+    # say), or by the program's name when that is empty.
+    layout: str = "module"
+    image_command: tuple[str, ...] = ()
+
+    def split(self, argv: Sequence[str]) -> tuple[list[str], list[str]] | None:
+        """(what starts the server in the engine's image, its arguments), or
+        None when ``argv`` is not laid out as this engine's."""
+        if self.layout == "module":
+            if len(argv) < 3 or argv[1] != "-m":
+                return None
+            return ["python3", "-m", argv[2]], list(argv[3:])
+        if not argv:
+            return None
+        return list(self.image_command) or [argv[0].rsplit("/", 1)[-1]], list(argv[1:])
 
 
 class Engine(abc.ABC):
@@ -226,6 +257,19 @@ class Engine(abc.ABC):
         """Folders a container of this engine writes caches to.  Default:
         none."""
         return ()
+
+    def command_words(self) -> CommandWords:
+        """How ``launch_spec``'s argv is laid out (the deploy formats rewrite
+        its address and model folders).  Default: ``python -m <module>`` with
+        ``--host``, ``--port``, ``--model`` and ``--tokenizer``."""
+        return CommandWords()
+
+    def install_hint(self) -> str:
+        """What to install, or pass, when the engine is not found for the
+        ``--engine-python`` the probe ran (the error's hint).  Default:
+        install it there or point at its environment."""
+        return (f"install {self.name} in the engine's environment and pass "
+                "--engine-python PATH of its Python")
 
 
 def classify_by_patterns(

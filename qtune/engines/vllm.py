@@ -161,6 +161,10 @@ class VLLM(Engine):
     def metric_names(self) -> MetricNames:
         return _METRICS
 
+    def install_hint(self) -> str:
+        return ("pip install 'qtune[cpu]' on a CPU host or 'qtune[vllm]' on a GPU "
+                "host, or pass --engine-python PATH of the engine's environment")
+
     def cache_reset_paths(self) -> tuple[str, ...]:
         """Offered only with VLLM_SERVER_DEV_MODE=1, which trial servers get
         (``launch_spec``'s host_env)."""

@@ -121,6 +121,7 @@ class HostFacts:
                 "python": self.engines.python,
                 "installed": [dataclasses.asdict(e) for e in self.engines.engines],
                 "error": self.engines.error,
+                "notes": self.engines.notes,
             },
             "nofile_limit": self.nofile_limit,
             "comm_env": self.comm_env,
@@ -351,6 +352,9 @@ def findings(facts: HostFacts) -> list[Finding]:
                 "apt-get install libtcmalloc-minimal4  (vLLM preloads it itself)",
             )
         )
+    for note in facts.engines.notes:
+        out.append(Finding("engine-incomplete", "warning", note,
+                           "install the missing parts, or tune another --engine"))
     if not facts.engines.engines:
         out.append(
             Finding(

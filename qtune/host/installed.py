@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _SCRIPT = r"""
@@ -67,6 +67,8 @@ class InstalledEngines:
     python: str
     engines: list[EngineInstall]
     error: str | None = None
+    # an engine found but not complete enough to start (what is missing)
+    notes: list[str] = field(default_factory=list)
 
     def get(self, name: str) -> EngineInstall | None:
         return next((e for e in self.engines if e.name == name), None)
@@ -74,6 +76,7 @@ class InstalledEngines:
 
 def find_engines(python: str) -> InstalledEngines:
     engines: list[EngineInstall] = []
+    notes: list[str] = []
     error = None
     try:
         proc = subprocess.run(
@@ -114,7 +117,17 @@ def find_engines(python: str) -> InstalledEngines:
             ).stdout.split()[-1:]
         except (OSError, subprocess.TimeoutExpired):
             ver = []
+        # The launcher starts its Python shard server and the router from
+        # PATH; without them it exits at the first trial.
+        missing = [p for p in ("text-generation-server", "text-generation-router")
+                   if shutil.which(p) is None]
+        if missing:
+            notes.append(f"{tgi} found but {' and '.join(missing)} not on PATH: TGI "
+                         "cannot start (run TGI's image, or `make install` in its "
+                         "repository)")
+        # "cuda": the launcher on PATH is the CUDA build's (ROCm and Gaudi
+        # ship their own images); it cannot say so itself.
         engines.append(
-            EngineInstall("tgi", ver[0] if ver else "unknown", "binary", None, tgi)
+            EngineInstall("tgi", ver[0] if ver else "unknown", "cuda", None, tgi)
         )
-    return InstalledEngines(str(Path(python)), engines, error)
+    return InstalledEngines(str(Path(python)), engines, error, notes)

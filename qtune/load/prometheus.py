@@ -46,8 +46,9 @@ _HELD = "held"
 Snapshot = dict[str, dict[str, float]]
 
 
-def parse(text: str) -> Snapshot:
-    """Each sample name's value per engine, summed over other labels (models)."""
+def parse(text: str, engine_label: str = "engine") -> Snapshot:
+    """Each sample name's value per engine (``engine_label``), summed over
+    other labels (models)."""
     out: Snapshot = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -57,12 +58,15 @@ def parse(text: str) -> Snapshot:
             if name.endswith("_total"):
                 name = name[: -len("_total")]
             per = out.setdefault(name, {})
-            engine = s.labels.get("engine", "")
+            engine = s.labels.get(engine_label, "")
             per[engine] = per.get(engine, 0.0) + float(s.value)
     return out
 
 
-def _gauge(snap: Snapshot, name: str, names: MetricNames) -> dict[str, float] | None:
+def _gauge(snap: Snapshot, name: str | None,
+           names: MetricNames) -> dict[str, float] | None:
+    if name is None:
+        return None
     for n in (name, *names.aliases.get(name, ())):
         if n in snap:
             return snap[n]
@@ -100,7 +104,7 @@ class MetricsWatcher:
             async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=5)) as r:
                 if r.status != 200:
                     return None
-                snap = parse(await r.text())
+                snap = parse(await r.text(), self.names.engine_label)
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
         self.scrapes += 1
@@ -169,7 +173,9 @@ class MetricsWatcher:
             return None
         first, last, n = self.first, self.last, self.names
 
-        def delta(c: str, engine: str | None = None) -> float:
+        def delta(c: str | None, engine: str | None = None) -> float:
+            if c is None:
+                return 0.0
             a, b = first.get(c, {}), last.get(c, {})
             keys = b.keys() if engine is None else [engine]
             return sum(b.get(e, 0.0) - a.get(e, 0.0) for e in keys)
@@ -178,17 +184,18 @@ class MetricsWatcher:
         out: dict[str, Any] = {
             "scrapes": self.scrapes,
             "gauge_interval_s": self.interval,
-            "preemptions": int(delta(n.preemptions)),
-            "kv_cache_usage_peak": self.peaks.get(n.kv_cache_usage),
-            "waiting_peak": self.peaks.get(n.requests_waiting),
-            "running_peak": self.peaks.get(n.requests_running),
+            "preemptions": int(delta(n.preemptions)) if n.preemptions else None,
+            "kv_cache_usage_peak": self.peaks.get(n.kv_cache_usage or ""),
+            "waiting_peak": self.peaks.get(n.requests_waiting or ""),
+            "running_peak": self.peaks.get(n.requests_running or ""),
             "prefix_cache_hit_rate": (delta(n.prefix_cache_hits) / queries
                                       if queries > 0 else None),
-            "prefix_cache_queries": int(queries),
-            "prompt_tokens": int(delta(n.prompt_tokens)),
-            "generation_tokens": int(delta(n.generation_tokens)),
+            "prefix_cache_queries": int(queries) if n.prefix_cache_queries else None,
+            "prompt_tokens": int(delta(n.prompt_tokens)) if n.prompt_tokens else None,
+            "generation_tokens": (int(delta(n.generation_tokens))
+                                  if n.generation_tokens else None),
         }
-        engines = sorted(last.get(n.generation_tokens, {}), key=_engine_order)
+        engines = sorted(last.get(n.generation_tokens or "", {}), key=_engine_order)
         if len(engines) > 1:
             peaks = self.engine_peaks
             out["engines"] = [{
@@ -196,10 +203,10 @@ class MetricsWatcher:
                 "requests": int(delta(n.request_success, e)),
                 "prompt_tokens": int(delta(n.prompt_tokens, e)),
                 "generation_tokens": int(delta(n.generation_tokens, e)),
-                "preemptions": int(delta(n.preemptions, e)),
-                "running_peak": peaks.get(n.requests_running, {}).get(e),
+                "preemptions": int(delta(n.preemptions, e)) if n.preemptions else None,
+                "running_peak": peaks.get(n.requests_running or "", {}).get(e),
                 "held_peak": peaks.get(_HELD, {}).get(e),
-                "kv_cache_usage_peak": peaks.get(n.kv_cache_usage, {}).get(e),
+                "kv_cache_usage_peak": peaks.get(n.kv_cache_usage or "", {}).get(e),
             } for e in engines]
             held = [r["held_peak"] for r in out["engines"]]
             # Least loaded replica's peak against the busiest's: 1.0 is even.

@@ -119,12 +119,11 @@ def prepare(cfg: TuneConfig) -> Prepared:
         raise EngineError(
             f"{cfg.engine} is not installed for {host.engines.python}"
             + (f" ({host.engines.error})" if host.engines.error else ""),
-            hint="pip install 'qtune[cpu]' on a CPU host or 'qtune[vllm]' on a GPU "
-            "host, or pass --engine-python PATH of the engine's environment",
+            hint=engine.install_hint(),
         )
     if install.build == "cuda" and not host.gpus and cfg.pick is None:
         raise EngineError(
-            f"vLLM {install.version} is a CUDA build but no NVIDIA GPU is visible",
+            f"{cfg.engine} {install.version} is a CUDA build but no NVIDIA GPU is visible",
             hint=host.gpu.note or "install the CPU build: pip install 'qtune[cpu]'",
         )
     engine_args = None

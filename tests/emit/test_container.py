@@ -136,7 +136,8 @@ def test_a_command_that_is_not_a_module_is_refused_with_a_hint():
     with pytest.raises(InputError, match="python -m") as e:
         emit(p, "kubernetes")
     assert "systemd" in e.value.hint
-    p = sample_profile(engine={"name": "tgi", "version": "3", "build": "cuda"})
+    # an engine qtune has no adapter for (TGI has one now)
+    p = sample_profile(engine={"name": "tensorrt-llm", "version": "3", "build": "cuda"})
     with pytest.raises(InputError, match="no published image") as e:
         emit(p, "compose")
     assert "--image" in e.value.hint

@@ -140,7 +140,8 @@ def _vllm_words(ctx: SpaceContext) -> dict[str, set[str]]:
     names = v.metric_names()
     # (the model label, "model_name", is a plain word: other code uses it too)
     metrics = {getattr(names, f.name) for f in dataclasses.fields(names)
-               if isinstance(getattr(names, f.name), str) and f.name != "model_label"}
+               if isinstance(getattr(names, f.name), str)
+               and f.name not in ("engine_label", "model_label")}
     metrics |= {a for alts in names.aliases.values() for a in alts}
     spec = v.launch_spec({}, ctx, host="127.0.0.1", port=8000)
     flags = {w for w in spec.argv if w.startswith("--")} | _VLLM_FLAGS
@@ -187,6 +188,73 @@ def find_vllm_words(root: Path, words: dict[str, set[str]]) -> list[str]:
 
 def test_only_the_engine_adapter_names_vllm(cpu_ctx):
     assert find_vllm_words(ROOT, _vllm_words(cpu_ctx)) == []
+
+
+def _engine_words(engine: Engine, ctx: SpaceContext) -> dict[str, set[str]]:
+    """What only ``engine``'s adapter may name: its metric names, image,
+    cache paths, the flags of its launch command and space, its log lines."""
+    names = engine.metric_names()
+    metrics = ({v for f in dataclasses.fields(names)
+                if isinstance(v := getattr(names, f.name), str)
+                and f.name not in ("engine_label", "model_label")}
+               if names else set())
+    spec = engine.launch_spec({}, ctx, host="127.0.0.1", port=8000)
+    words = engine.command_words()
+    flags = {w for w in spec.argv if w.startswith("--")}
+    flags |= {engine.launch_spec({p.name: _a_value(p)}, ctx, host="h", port=1).argv[-2]
+              for p in engine.space(ctx) if p.target == "flag" and p.kind != "bool"}
+    shared = _SHARED_WORDS | {words.host, words.port, *words.model, *words.tokenizer}
+    return {
+        "metric": metrics,
+        # without a version: what comes before it
+        "image": {i.split("\0")[0] for b in ("cuda", "cpu", "rocm")
+                  if (i := engine.image(b, "\0"))},
+        "cache path": {c.path for c in engine.cache_volumes()} | set(engine.cache_reset_paths()),
+        "log line": {p for p in (*spec.fatal_patterns, *spec.idle_patterns)
+                     if not set(p) & set("\\()[]*+?^")},
+        "flag": {f for f in flags if f.startswith("--")} - shared,
+    }
+
+
+def _a_value(p: Param) -> Any:
+    return p.choices[-1] if p.kind == "choice" else p.high
+
+
+@pytest.mark.parametrize("name", sorted(ENGINES))
+def test_no_engine_s_words_outside_its_adapter(name, cpu_ctx):
+    """Every registered engine, not only vLLM: its flags, metrics, image,
+    cache paths and log lines live in qtune/engines/ alone."""
+    words = _engine_words(ENGINES[name], cpu_ctx)
+    assert words["metric"] and words["image"] and words["flag"]
+    assert find_vllm_words(ROOT, words) == []
+
+
+@pytest.mark.parametrize("name", sorted(ENGINES))
+def test_every_registered_engine_keeps_the_contract(name, cpu_ctx):
+    """What the runner, the load client, the search and the deploy formats
+    call on any engine, called on each one in the registry."""
+    e = ENGINES[name]
+    assert isinstance(e, Engine) and e.name == name
+    params = e.space(cpu_ctx)
+    assert all(isinstance(p, Param) for p in params)
+    base, note = e.baseline(cpu_ctx)
+    assert isinstance(base, dict) and (note is None or isinstance(note, str))
+    assert isinstance(e.check(base, cpu_ctx), list)
+    spec = e.launch_spec(base, cpu_ctx, host="127.0.0.1", port=8123)
+    words = e.command_words()
+    split = words.split(spec.argv)
+    assert split is not None, spec.argv
+    args = split[1]
+    assert args[args.index(words.host) + 1] == "127.0.0.1"
+    assert args[args.index(words.port) + 1] == "8123"
+    assert args[args.index(words.model[0]) + 1] == str(cpu_ctx.model.path)
+    assert isinstance(e.classify("Address already in use"), Failure)
+    assert e.classify("Address already in use").reason == "port_in_use"
+    assert e.gpus_used(base) >= 1
+    names = e.metric_names()
+    assert names is not None and names.requests_running and names.request_success
+    assert e.image("cuda", "1.2.3") is not None
+    assert e.install_hint()
 
 
 def test_the_check_finds_each_kind(tmp_path, cpu_ctx):

@@ -30,7 +30,8 @@ H200X2 = FIX / "hosts" / "h200x2"
 
 # Findings that depend on the Python running the tests (which engines it has,
 # whether this machine has tcmalloc), not on the captured host.
-ENGINE_FINDINGS = {"no-engine", "no-tcmalloc", "vllm-cuda-no-gpu", "vllm-cpu-build-on-gpu-host"}
+ENGINE_FINDINGS = {"no-engine", "no-tcmalloc", "vllm-cuda-no-gpu", "vllm-cpu-build-on-gpu-host",
+                   "engine-incomplete"}
 
 H200_BYTES = 143771 * 2**20  # nvidia-smi: FB memory total 143771 MiB
 

@@ -1,0 +1,110 @@
+"""Deploy files for every engine in the registry, through the same checks the
+vLLM ones pass: the systemd unit read back and ``systemd-analyze verify``,
+the Kubernetes manifests against the API schema, the Compose file through
+``docker-compose config``."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qtune.emit import emit
+from qtune.engines import ENGINES
+from qtune.engines.base import SpaceContext
+from qtune.host import probe
+from qtune.host.installed import EngineInstall
+from qtune.model import resolve_model
+from qtune.profile import Profile
+from tests.emit.test_properties import check_systemd
+from tests.engines.conftest import H200X2, replay_nvml
+from tests.fakes.model import make_model
+from tests.fakes.profile import sample_profile
+
+VERSIONS = {"vllm": "0.26.0", "sglang": "0.5.17", "tgi": "3.3.7"}
+
+
+def engine_profile(name: str, tmp_path: Path) -> Profile:
+    """The profile a study on 2xH200 would write for ``name``: its own
+    launch command for a config of its space, with its engine's name."""
+    engine = ENGINES[name]
+    program = tmp_path / "bin" / "text-generation-launcher"
+    program.parent.mkdir(parents=True, exist_ok=True)
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    host = probe(root=H200X2, nvml=replay_nvml(H200X2), engine_python=sys.executable)
+    model = resolve_model(str(make_model(tmp_path / "qwen3-4b")))
+    install = EngineInstall(name, VERSIONS[name], "cuda", sys.executable, str(program))
+    ctx = SpaceContext(host, model, install)
+    params = {p.name: (p.choices[-1] if p.kind == "choice" else p.low)
+              for p in engine.space(ctx) if p.kind != "bool"}
+    params.update({k: 2 for k in ("tensor_parallel_size", "tp_size", "num_shard")
+                   if k in params})
+    params.pop("data_parallel_size", None)
+    params.pop("dp_size", None)
+    spec = engine.launch_spec(params, ctx, host="127.0.0.1", port=8000)
+    return sample_profile(
+        name=f"{name}-h200", engine={"name": name, "version": VERSIONS[name], "build": "cuda"},
+        params=params, env=dict(spec.env), argv=list(spec.argv),
+        model={"id": "qwen3-4b", "path": str(model.path)})
+
+
+@pytest.mark.parametrize("name", sorted(ENGINES))
+def test_the_unit_reads_back_and_systemd_accepts_it(name, tmp_path):
+    p = engine_profile(name, tmp_path)
+    text = emit(p, "systemd")
+    check_systemd(p, text)
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze not installed (.ci/run installs it)")
+    unit = tmp_path / "qtune-test.service"
+    unit.write_text(text)
+    r = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no",
+                        str(unit)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "qtune-test.service" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("name", sorted(ENGINES))
+def test_the_container_runs_the_tuned_command_in_the_engine_s_image(name, tmp_path):
+    p = engine_profile(name, tmp_path)
+    engine = ENGINES[name]
+    words = engine.command_words()
+    (svc,) = yaml.safe_load(emit(p, "compose"))["services"].values()
+    assert svc["image"] == engine.image("cuda", VERSIONS[name])
+    assert VERSIONS[name] in svc["image"]  # pinned to the tuned version
+    split = words.split(p.argv)
+    assert split is not None
+    assert svc["entrypoint"] == split[0]
+    args = svc["command"]
+    assert args[args.index(words.host) + 1] == "0.0.0.0"
+    assert args[args.index(words.model[0]) + 1].startswith("/models/")
+    # every host folder the command names is mounted where it now points
+    mounted = {v["target"] for v in svc["volumes"] if v["type"] == "bind"}
+    folders = [args[i + 1] for i, a in enumerate(args) if a in words.model + words.tokenizer]
+    assert folders and set(folders) == mounted
+    gpus = svc["deploy"]["resources"]["reservations"]["devices"][0]["count"]
+    assert gpus == engine.gpus_used(p.params) == 2
+
+
+@pytest.mark.parametrize("name", sorted(ENGINES))
+def test_kubernetes_manifests_pass_the_api_schema(name, tmp_path):
+    kubernetes_validate = pytest.importorskip(
+        "kubernetes_validate", reason="the test extra installs kubernetes-validate")
+    for doc in yaml.safe_load_all(emit(engine_profile(name, tmp_path), "kubernetes")):
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None,
+                    reason="docker-compose not installed (scripts/test.sh installs it)")
+@pytest.mark.parametrize("name", sorted(ENGINES))
+def test_compose_file_passes_docker_compose_config(name, tmp_path):
+    f = tmp_path / "compose.yaml"
+    f.write_text(emit(engine_profile(name, tmp_path), "compose"))
+    r = subprocess.run(["docker-compose", "-f", str(f), "config", "-q"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "variable is not set" not in r.stderr, r.stderr
