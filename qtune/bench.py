@@ -298,7 +298,7 @@ TTFT_GROWTH_MIN_MS = 100.0
 WINDOW_SERVICE_TIMES = 10
 
 
-def _judge(s: dict[str, Any], slos: list[SLO],
+def judge_load(s: dict[str, Any], slos: list[SLO],
            offered: float | None) -> tuple[bool, str, str]:
     """Held or not, why, and the kind of verdict: ``ok``, ``hard`` (failed
     requests, a pile-up, an SLO broken), or ``soft`` (only a keeping-up
@@ -401,7 +401,7 @@ def find_capacity(
         # A backlog of many seconds of arrivals cannot recover within the run.
         cap = max(32, int(x * 10)) if by_rate else None
         s = measure(url, model, w, cfg, max_inflight=cap, progress=progress)
-        ok, why, kind = _judge(s, slos, x if by_rate else None)
+        ok, why, kind = judge_load(s, slos, x if by_rate else None)
         if kind == "soft" and not again:
             # Near the knee the system is bistable and the first run after a
             # start is slow: on one H200 the defaults' very first probe read

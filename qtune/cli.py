@@ -477,6 +477,35 @@ def verify(
 
 
 @app.command()
+def check(
+    profile: Annotated[Path, typer.Argument(help="Profile YAML from qtune search.")],
+    url: Annotated[str, typer.Option(help="Base URL of the running server.")],
+    requests: Annotated[int | None, typer.Option(
+        min=1, help="Requests per run (default: the profile's workload).")] = None,
+    repeat: Annotated[int, typer.Option(min=1, max=100, help="Runs; the median is "
+                                        "compared.")] = 1,
+    json_out: JsonOut = False,
+) -> None:
+    """Is a running server still as tuned? Config, then speed. Launches nothing.
+
+    Exit 0 as tuned, 4 slower than tuned (outside the noise), 5 not the tuned
+    config."""
+    from qtune import console
+    from qtune.check import check as do_check
+    from qtune.profile import Profile
+
+    prof = Profile.load(profile)
+    with console.Status() as status:
+        res = do_check(prof, url, requests=requests, repeat=repeat, progress=status.update)
+    if json_out:
+        _print_json(res)
+    else:
+        console.render_check(res)
+    if res["exit_code"]:
+        raise typer.Exit(res["exit_code"])
+
+
+@app.command()
 def report(
     study: Annotated[str, typer.Argument(help="Study name (studies/<name>.log).")],
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL.")] = None,

@@ -525,6 +525,31 @@ def render_verify(res: dict[str, Any]) -> None:
         out.print(Text(f"{what}: no verdict: neither side gave a value", style="red"))
 
 
+def render_check(res: dict[str, Any]) -> None:
+    cfg = res["config"]
+    t = Table(title=f"check {res['profile']} against {res['url']} ({res['served']})")
+    for col in ("setting", "tuned", "running", "read from"):
+        t.add_column(col)
+    differ = {d["what"]: d for d in cfg["differ"]}
+    for d in cfg["differ"]:
+        t.add_row(Text(d["what"], style="red"), str(d["tuned"]), str(d["running"]),
+                  d["source"])
+    for name in cfg["checked"]:
+        if name not in differ:
+            t.add_row(name, "=", "=", "")
+    out.print(t)
+    if cfg["not_checked"]:
+        out.print("not reported by the server, not checked: " + ", ".join(cfg["not_checked"]))
+    if res.get("tokenizer_warning"):
+        out.print(Text("warning: " + res["tokenizer_warning"], style="yellow"))
+    c = res.get("compare")
+    if c:
+        out.print(f"{c['metric']}: now {_fmt(c['now'])}, tuned {_fmt(c['tuned'])} "
+                  f"({c['tuned_from']}), noise {c['noise']:.0%}")
+    style = "green" if res["exit_code"] == 0 else "red"
+    out.print(Text(res["verdict"], style=style))
+
+
 def render_report(res: dict[str, Any]) -> None:
     # On a narrow terminal (or an 80-column pipe) a params column would wrap
     # one word per line: the params and reasons go below the table instead.

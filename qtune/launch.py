@@ -78,3 +78,17 @@ class MetricNames:
     def gauges(self) -> tuple[str, ...]:
         return tuple(g for g in (self.kv_cache_usage, self.requests_waiting,
                                  self.requests_running) if g is not None)
+
+
+@dataclass(frozen=True)
+class RunningConfig:
+    """What a running server says it runs (``qtune check``), read by its
+    adapter from the bodies of ``Engine.report_paths``: the engine version
+    and the launch parameters it reports, by the names of the engine's
+    space.  A parameter absent here is one the server does not report."""
+
+    version: str | None = None
+    params: Mapping[str, object] = field(default_factory=dict)
+    # where each parameter was read ("/metrics cache_config_info", ...)
+    sources: Mapping[str, str] = field(default_factory=dict)
+

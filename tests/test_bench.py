@@ -151,7 +151,7 @@ def _scripted_capacity(monkeypatch, holds) -> dict:
         return {"holds": holds(w.rate, seen[w.rate]), "completed": w.requests, "failed": 0}
 
     monkeypatch.setattr(bench, "measure", fake_measure)
-    monkeypatch.setattr(bench, "_judge", lambda s, slos, offered: (
+    monkeypatch.setattr(bench, "judge_load", lambda s, slos, offered: (
         (True, "scripted", "ok") if s["holds"] is True else
         (False, "scripted", "soft" if s["holds"] == "soft" else "hard")))
     monkeypatch.setattr(bench, "metric_value", lambda s, m: 0.0)
@@ -351,7 +351,7 @@ def test_capacity_probes_never_reuse_prompts(monkeypatch):
         return {"holds": w.rate <= 10, "completed": w.requests, "failed": 0}
 
     monkeypatch.setattr(bench, "measure", fake_measure)
-    monkeypatch.setattr(bench, "_judge", lambda s, slos, offered: (
+    monkeypatch.setattr(bench, "judge_load", lambda s, slos, offered: (
         s["holds"], "scripted", "ok" if s["holds"] else "hard"))
     monkeypatch.setattr(bench, "metric_value", lambda s, m: 100.0)
     cfg = BenchConfig(urls=["u"], workload=Workload(rate=4, requests=10, seed=3),

@@ -25,12 +25,12 @@ from typing import Any
 from qtune.estimate import Estimate
 from qtune.host import HostFacts
 from qtune.host.installed import EngineInstall
-from qtune.launch import LaunchSpec, MetricNames
+from qtune.launch import LaunchSpec, MetricNames, RunningConfig
 from qtune.model import ModelInfo
 
 __all__ = [
     "CacheVolume", "CommandWords", "Engine", "Failure", "FixedArgs", "LaunchSpec", "LoadView",
-    "MetricNames", "Param", "SpaceContext", "classify_by_patterns",
+    "MetricNames", "Param", "RunningConfig", "SpaceContext", "classify_by_patterns",
 ]
 
 
@@ -263,6 +263,17 @@ class Engine(abc.ABC):
         its address and model folders).  Default: ``python -m <module>`` with
         ``--host``, ``--port``, ``--model`` and ``--tokenizer``."""
         return CommandWords()
+
+    def report_paths(self) -> tuple[str, ...]:
+        """GET paths on a running server that describe what it runs (its
+        version, its configuration), for ``qtune check``.  Default: ()."""
+        return ()
+
+    def running_config(self, reports: Mapping[str, str]) -> RunningConfig:
+        """The version and launch parameters a running server reports, from
+        the bodies of ``report_paths`` (a path that did not answer is
+        absent).  Untrusted text: never raise on it.  Default: nothing."""
+        return RunningConfig()
 
     def install_hint(self) -> str:
         """What to install, or pass, when the engine is not found for the

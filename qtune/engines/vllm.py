@@ -33,6 +33,7 @@ from qtune.engines.base import (
     LoadView,
     MetricNames,
     Param,
+    RunningConfig,
     SpaceContext,
     classify_by_patterns,
 )
@@ -115,6 +116,92 @@ _IDLE = (r"No available shared memory broadcast block found",)
 _FI_ALLREDUCE = "VLLM_FLASHINFER_ALLREDUCE_BACKEND"
 
 # Prometheus names (engines.md §4.2), with the older aliases accepted.
+# qtune check: where a running vLLM says what it runs.  /version always;
+# /metrics carries vllm:cache_config_info, every CacheConfig field as a label
+# (vllm/v1/metrics/loggers.py, log_metrics_info); the whole config only on
+# /server_info, which is there in development mode (VLLM_SERVER_DEV_MODE=1,
+# as qtune's trial servers run).
+_REPORTS = ("/version", "/metrics", "/server_info?config_format=json")
+_CACHE_INFO = "vllm:cache_config_info"
+_FROM_CACHE_INFO = {"cache_dtype": "kv_cache_dtype",
+                    "gpu_memory_utilization": "gpu_memory_utilization",
+                    "enable_prefix_caching": "enable_prefix_caching",
+                    "block_size": "block_size"}
+_FROM_SERVER_INFO = {
+    ("scheduler_config", "max_num_seqs"): "max_num_seqs",
+    ("scheduler_config", "max_num_batched_tokens"): "max_num_batched_tokens",
+    ("scheduler_config", "enable_chunked_prefill"): "enable_chunked_prefill",
+    ("parallel_config", "tensor_parallel_size"): "tensor_parallel_size",
+    ("parallel_config", "data_parallel_size"): "data_parallel_size",
+    ("cache_config", "cache_dtype"): "kv_cache_dtype",
+    ("cache_config", "gpu_memory_utilization"): "gpu_memory_utilization",
+    ("cache_config", "enable_prefix_caching"): "enable_prefix_caching",
+    ("cache_config", "block_size"): "block_size",
+    ("compilation_config", "max_cudagraph_capture_size"): "max_cudagraph_capture_size",
+    ("model_config", "max_model_len"): "max_model_len",
+    ("model_config", "quantization"): "quantization",
+}
+_ENV_REPORTED = ("VLLM_CPU_KVCACHE_SPACE",)
+
+
+def _label_value(text: str) -> object:
+    """A config value as vLLM writes it into a label (``str(value)``)."""
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_running_config(reports: Mapping[str, str]) -> RunningConfig:
+    """Version and launch parameters from what a running vLLM serves (see
+    ``_REPORTS``).  The server's answers are untrusted: whatever does not
+    parse is left out, never raised."""
+    version: str | None = None
+    params: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    try:
+        v = json.loads(reports.get("/version", "") or "null")
+        if isinstance(v, dict) and isinstance(v.get("version"), str):
+            version = v["version"][:100]
+    except ValueError:
+        pass
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        for fam in text_string_to_metric_families(reports.get("/metrics", "")):
+            for sample in fam.samples:
+                if sample.name.removesuffix("_total") != _CACHE_INFO:
+                    continue
+                for label, param in _FROM_CACHE_INFO.items():
+                    if label in sample.labels and sample.labels[label] != "None":
+                        params[param] = _label_value(sample.labels[label])
+                        sources[param] = "/metrics " + _CACHE_INFO
+    except (ValueError, TypeError, AttributeError):
+        pass
+    try:
+        info = json.loads(reports.get("/server_info?config_format=json", "") or "null")
+    except ValueError:
+        info = None
+    if isinstance(info, dict):
+        config = info.get("vllm_config")
+        for (section, key), param in _FROM_SERVER_INFO.items():
+            part = config.get(section) if isinstance(config, dict) else None
+            value = part.get(key) if isinstance(part, dict) else None
+            if isinstance(value, (bool, int, float, str)):
+                params[param] = value
+                sources[param] = "/server_info"
+        env = info.get("vllm_env")
+        for name in _ENV_REPORTED:
+            if isinstance(env, dict) and isinstance(env.get(name), (str, int, float)):
+                params[name] = _label_value(str(env[name]))
+                sources[name] = "/server_info vllm_env"
+    return RunningConfig(version, params, sources)
+
+
 _METRICS = MetricNames(
     kv_cache_usage="vllm:kv_cache_usage_perc",
     requests_waiting="vllm:num_requests_waiting",
@@ -164,6 +251,12 @@ class VLLM(Engine):
     def install_hint(self) -> str:
         return ("pip install 'qtune[cpu]' on a CPU host or 'qtune[vllm]' on a GPU "
                 "host, or pass --engine-python PATH of the engine's environment")
+
+    def report_paths(self) -> tuple[str, ...]:
+        return _REPORTS
+
+    def running_config(self, reports: Mapping[str, str]) -> RunningConfig:
+        return read_running_config(reports)
 
     def cache_reset_paths(self) -> tuple[str, ...]:
         """Offered only with VLLM_SERVER_DEV_MODE=1, which trial servers get

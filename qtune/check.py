@@ -1,0 +1,213 @@
+"""``qtune check PROFILE --url URL``: is a running server still what was
+tuned?  It launches nothing.
+
+1. **Config**: the engine version and launch parameters the server reports
+   (its adapter's ``report_paths`` and ``running_config``: for vLLM its
+   ``/version``, the ``cache_config_info`` gauge on ``/metrics``, and the
+   whole config on ``/server_info`` where development mode offers it), each
+   against the profile.  A parameter the server does not report is listed as
+   not checked, never assumed equal.
+2. **Speed**, only when the config matches: the profile's workload with
+   fresh prompts (a seed the search never used), measured as ``qtune bench``
+   measures, against the figure the profile was chosen on.  The noise band
+   is the larger of the spread of the winner's own confirmation runs and the
+   run-to-run agreement of one measurement (p50 10%, p99 25%, throughput 5%:
+   the bounds within which qtune and vLLM's client agree on one server,
+   ``benchmarks/server_view_ab.py``).  A capacity profile is checked at its
+   capacity: does the SLO still hold and the server keep up?
+
+Exit codes for a cron job or a CI gate: 0 as tuned, 4 slower than tuned
+(outside the noise), 5 not the tuned config; 2 bad input, as everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import statistics
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from qtune.bench import (
+    BenchConfig,
+    check_url,
+    judge_load,
+    measure,
+    prompt_tokenizer,
+    served_model,
+)
+from qtune.engines import ENGINES
+from qtune.errors import InputError, mask_url
+from qtune.launch import RunningConfig
+from qtune.load.http import split_auth
+from qtune.load.workload import Workload
+from qtune.metrics import metric_value
+from qtune.objectives import get_objective, lower_is_better, parse_slo
+from qtune.profile import Profile
+
+AS_TUNED, SLOWER, NOT_TUNED = 0, 4, 5
+# One measurement's agreement with another of the same server (see above).
+NOISE = {"p50": 0.10, "p90": 0.25, "p99": 0.25, "mean": 0.10}
+THROUGHPUT_NOISE = 0.05
+REPORT_BYTES = 4 << 20  # a /metrics page of a busy DP server is ~1 MB
+
+
+def _get(url: str, timeout: float = 10) -> str | None:
+    bare, headers = split_auth(url)
+    try:
+        req = urllib.request.Request(bare, headers=headers)
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return str(r.read(REPORT_BYTES).decode("utf-8", "replace"))
+    except (OSError, ValueError, urllib.error.HTTPError):
+        return None
+
+
+def _norm(v: object) -> str:
+    """Launch values compare by meaning: 0.9 == "0.9", 8 == 8.0, True ==
+    "true"."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (int, float)):
+        f = float(v)
+        return str(int(f)) if f.is_integer() else repr(round(f, 6))
+    s = str(v).strip()
+    try:
+        return _norm(float(s))
+    except ValueError:
+        return {"True": "true", "False": "false"}.get(s, s.lower())
+
+
+def compare_config(profile: Profile, running: RunningConfig,
+                   served: str) -> dict[str, Any]:
+    """Which of the profile's settings the server reports, and which differ."""
+    differ: list[dict[str, Any]] = []
+    checked: list[str] = []
+    tuned = {**profile.params, **{k: v for k, v in profile.env.items()
+                                  if k in running.params}}
+    want_name = profile.model.get("served_name") or profile.model.get("id")
+    if want_name and served != want_name:
+        differ.append({"what": "served model", "tuned": want_name, "running": served,
+                       "source": "/v1/models"})
+    if running.version is not None:
+        checked.append("engine version")
+        if running.version.split("+")[0] != profile.engine.version.split("+")[0]:
+            differ.append({"what": "engine version", "tuned": profile.engine.version,
+                           "running": running.version, "source": "/version"})
+    for name, value in sorted(tuned.items()):
+        if name not in running.params:
+            continue
+        checked.append(name)
+        if _norm(value) != _norm(running.params[name]):
+            differ.append({"what": name, "tuned": value, "running": running.params[name],
+                           "source": running.sources.get(name, "")})
+    not_checked = sorted(k for k in tuned if k not in running.params)
+    return {"differ": differ, "checked": checked, "not_checked": not_checked}
+
+
+def _reference(profile: Profile, metric: str) -> tuple[float, float, str] | None:
+    """(tuned value, noise band as a share, where both came from)."""
+    best = profile.metrics.get("best") or {}
+    value = metric_value(best, metric) if best else None
+    source = "the search's measurement"
+    conf = (profile.metrics.get("confirmation") or {}).get(str(profile.study.trial))
+    spread = 0.0
+    if isinstance(conf, dict) and isinstance(conf.get("median"), (int, float)):
+        value, source = float(conf["median"]), "the median of its confirmation runs"
+        vals = [float(v) for v in conf.get("values") or [] if isinstance(v, (int, float))]
+        if len(vals) >= 2 and value > 0:
+            spread = max(abs(v - value) for v in vals) / value
+    if value is None:
+        obj = profile.metrics.get("objective") or {}
+        if obj.get("name") == metric and isinstance(obj.get("best"), (int, float)):
+            value, source = float(obj["best"]), "the objective's best"
+    if value is None:
+        return None
+    base = THROUGHPUT_NOISE if "throughput" in metric else \
+        NOISE.get(metric.rpartition("_")[2], 0.25)
+    return float(value), max(base, spread), source
+
+
+def check(profile: Profile, url: str, *, requests: int | None = None, repeat: int = 1,
+          progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    url = check_url(url)
+    engine = ENGINES.get(profile.engine.name)
+    if engine is None:
+        raise InputError(f"profile {profile.name}: qtune has no adapter for engine "
+                         f"{profile.engine.name!r}", hint="available: "
+                         + ", ".join(sorted(ENGINES)))
+    obj_name = (profile.metrics.get("objective") or {}).get("name") or "e2e_p99"
+    get_objective(obj_name.split(":")[0])  # refuses an unknown name before any request
+    served, root = served_model(url)
+    reports = {p: t for p in engine.report_paths()
+               if (t := _get(url.rstrip("/") + p)) is not None}
+    running = engine.running_config(reports)
+    config = compare_config(profile, running, served)
+    out: dict[str, Any] = {"profile": profile.name, "url": mask_url(url), "served": served,
+                           "engine_version": running.version, "config": config}
+    if config["differ"]:
+        out.update(verdict="not the tuned config", exit_code=NOT_TUNED)
+        return out
+    wl = Workload(**profile.workload)
+    # A seed the search never used: fresh prompts, not the cached ones.
+    wl = dataclasses.replace(wl, seed=random.SystemRandom().randrange(1 << 30))
+    if requests is not None:
+        wl = dataclasses.replace(wl, requests=requests, duration=None)
+    slos = parse_slo(",".join(profile.slo))
+    at = None
+    if obj_name == "capacity":
+        cap = (profile.metrics.get("objective") or {}).get("best")
+        if not isinstance(cap, (int, float)) or cap <= 0:
+            raise InputError(f"profile {profile.name}: tuned for capacity but holds none",
+                             hint="re-run the search")
+        wl = (dataclasses.replace(wl, concurrency=int(cap)) if wl.concurrency is not None
+              else dataclasses.replace(wl, rate=float(cap)))
+        at = f"{cap:g} {'streams' if wl.concurrency is not None else 'req/s'}"
+    tok, warning = prompt_tokenizer(url, served, [root, profile.model.get("path")])
+    cfg = BenchConfig(urls=[url], workload=wl, model=served, tokenizer=tok, slo=slos,
+                      reset_cache=False)  # not qtune's server: fresh prompts instead
+    runs = []
+    for i in range(repeat):
+        if progress:
+            progress(f"run {i + 1}/{repeat}")
+        runs.append(measure(url, served, dataclasses.replace(wl, seed=wl.seed + i), cfg,
+                            progress=progress))
+    out["runs"] = [{k: r.get(k) for k in ("ttft_ms", "tpot_ms", "e2e_ms",
+                                          "request_throughput", "completed", "failed")}
+                   for r in runs]
+    if warning:
+        out["tokenizer_warning"] = warning
+    if obj_name == "capacity":
+        # The same judgement a capacity probe gets (SLO, failures, keeping up).
+        judged = [judge_load(r, slos, wl.rate) for r in runs]
+        out["at"] = at
+        out["judged"] = [why for _, why, _ in judged]
+        broke = [why for ok, why, _ in judged if not ok]
+        if not broke:
+            out.update(verdict=f"as tuned: the SLO holds at its capacity ({at})",
+                       exit_code=AS_TUNED)
+        else:
+            out.update(verdict=f"slower than tuned: at its capacity ({at}) {broke[0]} "
+                       f"({len(broke)} of {len(runs)} runs)", exit_code=SLOWER)
+        return out
+    metric = obj_name if obj_name not in ("goodput", "pareto") else "e2e_p99"
+    metric = metric.split(":")[0]
+    ref = _reference(profile, metric)
+    vals = [v for r in runs if (v := metric_value(r, metric)) is not None]
+    if ref is None or not vals:
+        raise InputError(f"profile {profile.name}: no measured {metric} to compare with",
+                         hint="check a profile written by qtune search")
+    tuned, band, source = ref
+    now = statistics.median(vals)
+    worse = (now / tuned - 1) if lower_is_better(metric) else (tuned / now - 1 if now
+                                                              else float("inf"))
+    out["compare"] = {"metric": metric, "tuned": tuned, "now": now, "noise": band,
+                      "tuned_from": source, "worse_by": worse}
+    if worse > band:
+        out.update(verdict=f"slower than tuned by {worse:.0%} on {metric} ({now:.1f} "
+                   f"against {tuned:.1f}; noise {band:.0%})", exit_code=SLOWER)
+    else:
+        out.update(verdict=f"as tuned: {metric} {now:.1f} against {tuned:.1f} "
+                   f"(within the {band:.0%} noise)", exit_code=AS_TUNED)
+    return out
