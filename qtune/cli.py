@@ -490,6 +490,8 @@ def check(
 
     Exit 0 as tuned, 4 slower than tuned (outside the noise), 5 not the tuned
     config."""
+    from urllib.parse import urlsplit
+
     from qtune import console
     from qtune.check import check as do_check
     from qtune.profile import Profile
@@ -497,6 +499,12 @@ def check(
     prof = Profile.load(profile)
     with console.Status() as status:
         res = do_check(prof, url, requests=requests, repeat=repeat, progress=status.update)
+    # A server on this host: its hardware is this host's (the engine version
+    # came from the server itself).
+    local = (urlsplit(url).hostname or "") in ("127.0.0.1", "localhost", "::1")
+    res["warnings"] = _provenance(prof, engine=False) if local else []
+    for w in res["warnings"]:
+        console.warn(f"this host differs from the one the profile was tuned on: {w}")
     if json_out:
         _print_json(res)
     else:
@@ -569,6 +577,22 @@ def _bench_csv(res: dict[str, Any]) -> str:
     return pd.DataFrame(rows).to_csv(index=False)
 
 
+def _provenance(profile: Any, engine: bool = True) -> list[str]:
+    """How this host differs from the profile's (hardware, and the engine
+    when it is installed for this Python)."""
+    from qtune.host import probe
+    from qtune.host.installed import find_engines
+    from qtune.host.provenance import engine_difference, host_differences
+
+    out = host_differences(profile.host, probe(with_engines=False).fingerprint())
+    found = find_engines(sys.executable).get(profile.engine.name) if engine else None
+    if found is not None:
+        d = engine_difference(profile.engine.version, found.version, profile.engine.name)
+        if d:
+            out.append(d)
+    return out
+
+
 @app.command(cls=_Command)
 def emit(
     profile: Annotated[Path, typer.Argument(help="Profile YAML from qtune search.")],
@@ -596,14 +620,18 @@ def emit(
 
     if output is not None:  # before the profile is read
         check_target(output, "-o", force=force)
-    text = do_emit(Profile.load(profile), format, image, autoscale, max_replicas)
+    prof = Profile.load(profile)
+    text = do_emit(prof, format, image, autoscale, max_replicas)
+    warnings = _provenance(prof)
+    for w in warnings:
+        console.warn(f"this host differs from the one the profile was tuned on: {w}")
     if output is not None:
         write_atomic(output, text, force=force, what="-o")
         if not json_out:
             console.err.print(f"wrote {output}")
     if json_out:
         _print_json({"format": format, "output": str(output) if output else None,
-                     "text": text})
+                     "text": text, "warnings": warnings})
     elif output is None:
         sys.stdout.write(text)
 

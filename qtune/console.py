@@ -525,6 +525,11 @@ def render_verify(res: dict[str, Any]) -> None:
         out.print(Text(f"{what}: no verdict: neither side gave a value", style="red"))
 
 
+def warn(line: str) -> None:
+    """One warning line on stderr (what qtune noticed; nothing stops)."""
+    err.print(Text("warning: " + printable(line), style="yellow"), soft_wrap=True)
+
+
 def render_check(res: dict[str, Any]) -> None:
     cfg = res["config"]
     t = Table(title=f"check {res['profile']} against {res['url']} ({res['served']})")

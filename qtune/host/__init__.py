@@ -137,6 +137,7 @@ def probe(
     nvml: Any = None,
     usable_cpus: list[int] | None = None,
     environ: Mapping[str, str] | None = None,
+    with_engines: bool = True,
 ) -> HostFacts:
     cpu = read_cpu(root)
     numa = read_numa(root, cpu.online)
@@ -151,7 +152,9 @@ def probe(
         memory=read_memory(root),
         thp=read_thp(root),
         gpu=read_gpus(nvml, root),
-        engines=find_engines(engine_python or sys.executable),
+        # (without: the host's hardware only, no engine subprocess)
+        engines=(find_engines(engine_python or sys.executable) if with_engines
+                 else InstalledEngines(engine_python or sys.executable, [])),
         usable_cpus=usable_cpus,
         nofile_limit=_nofile() if root == Path("/") else None,
         comm_env=comm_env(os.environ if environ is None and root == Path("/")
