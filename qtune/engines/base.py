@@ -17,16 +17,19 @@ Lifecycle of one trial, and who owns each step:
 from __future__ import annotations
 
 import abc
+import json
 import re
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from qtune.estimate import Estimate
 from qtune.host import HostFacts
 from qtune.host.installed import EngineInstall
 from qtune.launch import LaunchSpec, MetricNames, RunningConfig
-from qtune.model import ModelInfo
+from qtune.model import ModelInfo, cache_dir
 
 __all__ = [
     "CacheVolume", "CommandWords", "Engine", "Failure", "FixedArgs", "LaunchSpec", "LoadView",
@@ -281,6 +284,40 @@ class Engine(abc.ABC):
         install it there or point at its environment."""
         return (f"install {self.name} in the engine's environment and pass "
                 "--engine-python PATH of its Python")
+
+
+def engine_json(install: EngineInstall, cache_name: str, script: str,
+                timeout: float) -> Any:
+    """What ``script``, run by the engine's own Python, prints after
+    ``QTUNE-ARGS`` (JSON), cached under ``cache_name`` (name it by version and
+    build); None when it cannot be run or read.  The engines' argument
+    readers use it: importing an engine costs seconds to minutes."""
+    if install.python is None:
+        return None
+    path = cache_dir() / "engines" / cache_name
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            pass
+    try:
+        proc = subprocess.run([install.python, "-c", script], capture_output=True,
+                              text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("QTUNE-ARGS")),
+                None)
+    if proc.returncode != 0 or line is None:
+        return None
+    try:
+        data = json.loads(line[len("QTUNE-ARGS"):])
+    except ValueError:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+    return data
 
 
 def classify_by_patterns(

@@ -21,11 +21,8 @@ arguments and help are in tests/engines/fixtures/):
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
-import subprocess
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from qtune.engines.base import (
@@ -39,9 +36,9 @@ from qtune.engines.base import (
     Param,
     SpaceContext,
     classify_by_patterns,
+    engine_json,
 )
 from qtune.host.installed import EngineInstall
-from qtune.model import cache_dir
 
 _SERVER_MODULE = "sglang.launch_server"
 
@@ -139,31 +136,10 @@ print("QTUNE-ARGS" + json.dumps({"version": version, "args": out}, default=str))
 def read_server_args(install: EngineInstall, timeout: float = 240.0) -> dict[str, Any] | None:
     """The installed SGLang's arguments, cached per version; None when they
     cannot be read (the adapter then uses its 0.5.17 facts)."""
-    if install.python is None:
-        return None
-    path = cache_dir() / "engines" / f"sglang-{install.version}-args-v1.json"
-    if path.is_file():
-        try:
-            cached: dict[str, Any] = json.loads(path.read_text())
-            return cached
-        except ValueError:
-            pass
     # (an install found under PYTHONPATH was found with this environment's)
-    try:
-        proc = subprocess.run([install.python, "-c", _SCRIPT], capture_output=True,
-                              text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("QTUNE-ARGS")),
-                None)
-    if proc.returncode != 0 or line is None:
-        return None
-    data: dict[str, Any] = json.loads(line[len("QTUNE-ARGS"):])["args"]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
-    return data
+    data = engine_json(install, f"sglang-{install.version}-args-v1.json", _SCRIPT, timeout)
+    args: dict[str, Any] | None = data.get("args") if isinstance(data, dict) else None
+    return args
 
 
 class SGLang(Engine):

@@ -9,13 +9,10 @@ the answer is cached per version and build.
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
 from typing import Any
 
+from qtune.engines.base import engine_json
 from qtune.host.installed import EngineInstall
-from qtune.model import cache_dir
 
 _SCRIPT = r"""
 import argparse, json, sys
@@ -64,27 +61,6 @@ print("QTUNE-ARGS" + json.dumps(out, default=str))
 def engine_args(install: EngineInstall, timeout: float = 180.0) -> dict[str, Any] | None:
     """{dest: {flag, kind, default, choices}} or None when it cannot be read
     (qtune then uses its built-in space for vLLM 0.32)."""
-    if install.python is None:
-        return None
-    path = cache_dir() / "engines" / f"vllm-{install.version}-{install.build}-args-v2.json"
-    if path.is_file():
-        try:
-            cached: dict[str, Any] = json.loads(path.read_text())
-            return cached
-        except ValueError:
-            pass
-    try:
-        proc = subprocess.run([install.python, "-c", _SCRIPT], capture_output=True,
-                              text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("QTUNE-ARGS")),
-                None)
-    if proc.returncode != 0 or line is None:
-        return None
-    data: dict[str, Any] = json.loads(line[len("QTUNE-ARGS"):])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
+    data: dict[str, Any] | None = engine_json(
+        install, f"vllm-{install.version}-{install.build}-args-v2.json", _SCRIPT, timeout)
     return data
