@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -33,6 +34,7 @@ import yaml
 from qtune.emit.common import one_line, summary_lines
 from qtune.engines import ENGINES
 from qtune.errors import InputError
+from qtune.launch import MetricNames
 from qtune.objectives import SLO, parse_slo
 from qtune.profile import Profile
 
@@ -107,7 +109,7 @@ def _preemptions_note(profile: Profile) -> str:
             + ("" if n else ": any now means more load or longer requests than tuned for"))
 
 
-def _latency_targets(profile: Profile) -> list[tuple[SLO, str]]:
+def latency_targets(profile: Profile) -> list[tuple[SLO, str]]:
     """(SLO, where its threshold came from) for each latency alert."""
     slos = [s for s in parse_slo(",".join(profile.slo)) if s.metric != "throughput"]
     if slos:
@@ -124,21 +126,58 @@ def _latency_targets(profile: Profile) -> list[tuple[SLO, str]]:
     return out
 
 
-def rules(profile: Profile) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Signals:
+    """The engine's series for one profile's served model, as PromQL (the
+    alert rules and the Grafana dashboard draw on the same)."""
+
+    names: MetricNames
+    served: str
+    sel: str  # {model_label="served"} or ""
+    label: str | None  # the model label kept through sums, when there is one
+
+    def by(self, *extra: str) -> str:
+        keep = [*extra, *([self.label] if self.label else [])]
+        return f" by ({', '.join(keep)})" if keep else ""
+
+    def rate(self) -> str | None:
+        c = self.names.request_success
+        return (f"sum{self.by()} (rate({c}_total{self.sel}[{RATE_WINDOW}]))"
+                if c else None)
+
+    def latency(self, slo: SLO) -> str | None:
+        """The SLO term's statistic, in seconds, over RATE_WINDOW."""
+        metric, _, stat = slo.metric.rpartition("_")
+        hist = getattr(self.names, _HIST[metric], None)
+        if hist is None:
+            return None  # the engine exports no histogram for it
+        if stat == "mean":
+            return (f"sum{self.by()} (rate({hist}_sum{self.sel}[{RATE_WINDOW}])) / "
+                    f"sum{self.by()} (rate({hist}_count{self.sel}[{RATE_WINDOW}]))")
+        return (f"histogram_quantile({_QUANTILE[stat]}, sum{self.by('le')} "
+                f"(rate({hist}_bucket{self.sel}[{RATE_WINDOW}])))")
+
+
+def signals(profile: Profile, fmt: str) -> Signals:
     engine = ENGINES.get(profile.engine.name)
     if engine is None:
-        raise InputError(f"--format prometheus-rules: qtune has no adapter for engine "
+        raise InputError(f"--format {fmt}: qtune has no adapter for engine "
                          f"{profile.engine.name!r}, so it does not know its metric names",
                          hint="available engines: " + ", ".join(sorted(ENGINES)))
     names = engine.metric_names()
     if names is None:
-        raise InputError(f"--format prometheus-rules: the {profile.engine.name} adapter "
+        raise InputError(f"--format {fmt}: the {profile.engine.name} adapter "
                          "names no metrics", hint="use an engine that exports Prometheus "
                          "metrics")
     served = str(profile.model.get("served_name") or profile.model.get("id") or "")
-    label = names.model_label
-    sel = f"{{{label}={promql_string(served)}}}" if label and served else ""
-    by = f"le, {label}" if label and served else "le"
+    label = names.model_label if names.model_label and served else None
+    sel = f"{{{label}={promql_string(served)}}}" if label else ""
+    return Signals(names, served, sel, label)
+
+
+def rules(profile: Profile) -> dict[str, Any]:
+    sig = signals(profile, "prometheus-rules")
+    names, served, sel = sig.names, sig.served, sig.sel
     rid = _rule_id(profile.name)
     base_labels = {"qtune_profile": profile.name}
     records: list[dict[str, Any]] = []
@@ -154,21 +193,13 @@ def rules(profile: Profile) -> dict[str, Any]:
                                  "threshold_from": one_line(threshold_from)})
         alerts.append(rule)
 
-    for slo, source in _latency_targets(profile):
+    for slo, source in latency_targets(profile):
+        expr = sig.latency(slo)
+        if expr is None:
+            continue
         metric, _, stat = slo.metric.rpartition("_")
-        hist = getattr(names, _HIST[metric], None)
-        if hist is None:
-            continue  # the engine exports no histogram for it
+        hist = str(getattr(names, _HIST[metric]))
         record = f"qtune:{hist.replace(':', '_')}:{stat}_{RATE_WINDOW}"
-        if stat == "mean":
-            expr = (f"sum by ({label}) (rate({hist}_sum{sel}[{RATE_WINDOW}])) / "
-                    f"sum by ({label}) (rate({hist}_count{sel}[{RATE_WINDOW}]))"
-                    if label and served else
-                    f"sum(rate({hist}_sum[{RATE_WINDOW}])) / "
-                    f"sum(rate({hist}_count[{RATE_WINDOW}]))")
-        else:
-            expr = (f"histogram_quantile({_QUANTILE[stat]}, sum by ({by}) "
-                    f"(rate({hist}_bucket{sel}[{RATE_WINDOW}])))")
         records.append({"record": record, "expr": expr, "labels": dict(base_labels)})
         limit_s = slo.limit / 1000.0
         alert(f"{metric.upper()}{stat.upper()}OverSLO", f"{record}{sel} > {limit_s:g}",
@@ -177,12 +208,11 @@ def rules(profile: Profile) -> dict[str, Any]:
               f"({served or profile.name})", source)
 
     cap = capacity(profile)
-    if cap is not None and names.request_success:
+    rate_expr = sig.rate()
+    if cap is not None and rate_expr is not None and names.request_success:
         rate_record = f"qtune:{names.request_success.replace(':', '_')}:rate_{RATE_WINDOW}"
         records.append({"record": rate_record, "labels": dict(base_labels),
-                        "expr": (f"sum by ({label}) (rate({names.request_success}_total"
-                                 f"{sel}[{RATE_WINDOW}]))" if label and served else
-                                 f"sum(rate({names.request_success}_total[{RATE_WINDOW}]))")})
+                        "expr": rate_expr})
         value, source = cap
         alert("NearCapacity", f"{rate_record}{sel} > {value * CAPACITY_SHARE:.4g}", SUSTAIN,
               "warn", f"completed requests above {CAPACITY_SHARE:.0%} of {value:g} req/s "
