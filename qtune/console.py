@@ -216,6 +216,14 @@ class SearchReporter:
         err.print(Text(f"    {line}", style=style))
         if rec.status == "ok" and (uneven := _uneven_replicas(rec.summary.get("server"))):
             err.print(Text(f"    {uneven}", style="yellow"))
+        if rec.status == "ok" and rec.quality and rec.server_of is None:
+            from qtune.quality import Quality
+
+            q = Quality.from_dict(rec.quality)
+            if q is not None:
+                bad = rec.reason == "quality_loss"
+                err.print(Text(f"    {rec.detail if bad else 'quality: ' + q.text()}",
+                               style="red" if bad else "dim"))
         if rec.status != "invalid":
             err.print(Text(f"    {best_txt}; left {self._eta()}", style="dim"))
 
