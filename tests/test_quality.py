@@ -261,6 +261,19 @@ def test_a_study_refuses_a_config_whose_quality_drops_beyond_the_threshold(
         math.exp(0.05) - 1)
     page = render_html(study, res.storage, df, {})
     assert "Answer quality" in page and "refused: over the threshold" in page
+    import io
+
+    import qtune.console as console
+    from qtune.report import report
+
+    buf = io.StringIO()
+    monkeypatch.setattr(console, "out", type(console.out)(file=buf, width=200))
+    console.render_report(report("q", res.storage))
+    rows = {line.split()[0]: line for line in buf.getvalue().splitlines()
+            if line.strip()[:1].isdigit()}
+    assert "+5.13%" in rows[str(lossy.number)] and "quality_loss: quality:" in rows[
+        str(lossy.number)]
+    assert "+0.00%" in rows[str(clean.number)]
 
 
 def test_a_larger_threshold_lets_the_lossy_config_through(lossy_study, monkeypatch):
