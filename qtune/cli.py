@@ -132,7 +132,8 @@ Arrival = Annotated[str | None, typer.Option(help="{arrivals} (with --rate).")]
 Burstiness = Annotated[float | None, typer.Option(
     help="Gamma shape of inter-arrivals: 1 Poisson, <1 burstier.")]
 Dataset = Annotated[str | None, typer.Option(
-    help="ShareGPT JSON or JSONL with 'prompt' (and 'output_tokens').")]
+    help="ShareGPT JSON or JSONL with 'prompt' (and 'output_tokens'), or "
+    "builtin:python-docs (64 prompts of real English shipped with qtune).")]
 PrefixCount = Annotated[int | None, typer.Option(
     help="Shared-prefix workload: number of distinct system prompts.")]
 PrefixLen = Annotated[int | None, typer.Option(help="Tokens per shared prefix.")]
@@ -320,6 +321,11 @@ def search(
     exact: Annotated[bool, typer.Option(
         help="Keep the model's numerics: leave fp8 KV cache and fp8 weights "
         "out of the space.")] = False,
+    max_quality_loss: Annotated[float, typer.Option(
+        min=0.0,
+        help="With real weights: a config whose perplexity on qtune's evaluation text "
+        "rises more than this fraction over the engine defaults' is infeasible "
+        "(0.01: +1%).")] = 0.01,
     prune_margin: Annotated[float, typer.Option(
         min=0.0, max=1.0,
         help="Stop a trial's measurement only once it is sure to miss the best so "
@@ -343,7 +349,7 @@ def search(
                      memory_check=memory_check, confirm_top=confirm_top,
                      confirm_repeats=confirm_repeats, pick=pick, exact=exact,
                      levels=parse_levels(levels), prune_margin=prune_margin,
-                     force=force)
+                     force=force, max_quality_loss=max_quality_loss)
     prep = prepare(cfg)
     with console.SearchReporter(objective) as rep:
         res = run_study(prep, rep)

@@ -216,6 +216,14 @@ class SearchReporter:
         err.print(Text(f"    {line}", style=style))
         if rec.status == "ok" and (uneven := _uneven_replicas(rec.summary.get("server"))):
             err.print(Text(f"    {uneven}", style="yellow"))
+        if rec.status == "ok" and rec.quality and rec.server_of is None:
+            from qtune.quality import Quality
+
+            q = Quality.from_dict(rec.quality)
+            if q is not None:
+                bad = rec.reason == "quality_loss"
+                err.print(Text(f"    {rec.detail if bad else 'quality: ' + q.text()}",
+                               style="red" if bad else "dim"))
         if rec.status != "invalid":
             err.print(Text(f"    {best_txt}; left {self._eta()}", style="dim"))
 
@@ -555,6 +563,11 @@ def render_check(res: dict[str, Any]) -> None:
     out.print(Text(res["verdict"], style=style))
 
 
+def _number(v: Any) -> float | None:
+    """A table cell's number: None for a gap (pandas' NaN) or no number."""
+    return float(v) if isinstance(v, (int, float)) and v == v else None
+
+
 def render_report(res: dict[str, Any]) -> None:
     # On a narrow terminal (or an 80-column pipe) a params column would wrap
     # one word per line: the params and reasons go below the table instead.
@@ -563,6 +576,11 @@ def render_report(res: dict[str, Any]) -> None:
               pad_edge=False)
     for col in ("trial", "status", "value", "ttft p99", "tpot p99", "e2e p99", "req/s"):
         t.add_column(col, no_wrap=True)
+    # The quality gate's loss (perplexity rise over the engine defaults'),
+    # where a trial was scored on real weights.
+    scored = any(_number(r.get("quality_loss")) is not None for r in res["trials"])
+    if scored:
+        t.add_column("quality", no_wrap=True)
     if wide:
         t.add_column("params / reason")
     below = []
@@ -574,14 +592,17 @@ def render_report(res: dict[str, Any]) -> None:
         what = params
         if r["baseline"]:
             what = f"engine defaults ({params})" if params else "engine defaults"
-        if r["status"] not in ("ok",):
+        if r["status"] not in ("ok",) or r.get("reason") == "quality_loss":
             why = "" if r["reason"] == r["status"] else f"{r['reason']}: "
             what = f"{why}{str(r['detail'])[:200]}" if r["detail"] else what
+        loss = _number(r.get("quality_loss"))
+        quality = [] if not scored else ["-" if loss is None else f"{loss * 100:+.2f}%"]
         style = "green" if r["trial"] == res["best_trial"] else (
             "" if r["status"] == "ok" else "dim")
         t.add_row(str(r["trial"]) + (" (base)" if r["baseline"] else ""), r["status"],
                   _fmt(r["value"]), _fmt(r["ttft_p99_ms"]), _fmt(r["tpot_p99_ms"]),
-                  _fmt(r["e2e_p99_ms"]), _fmt(r["req_per_s"]), *([what] if wide else []),
+                  _fmt(r["e2e_p99_ms"]), _fmt(r["req_per_s"]), *quality,
+                  *([what] if wide else []),
                   style=style)
         below.append(Text(f"{r['trial']:>4}  {what}", style=style))
     out.print(t)

@@ -154,13 +154,15 @@ def measure_server(
     on_tick: Callable[[float], None] | None = None,
     on_ready: Callable[[float], None] | None = None,
     before: Callable[[], None] | None = None,
+    after: Callable[[Measurement], None] | None = None,
     check_alive: bool = False,
 ) -> Measurement:
     """Start the server of ``spec`` (its log to ``log``), wait until it is
     ready, measure it (``measure_load``) and stop it, on every path.
 
     ``on_ready`` hears the seconds to ready, ``before`` runs on the ready
-    server before the measurement (``--levels``: the lower levels).  With
+    server before the measurement (``--levels``: the lower levels), ``after``
+    on the still running server after it (the quality gate).  With
     ``check_alive``, a server that died under load raises ``ServerDied``
     (a failed config, not a slow one).  Raises ``ServerError`` when the
     server does not start."""
@@ -174,6 +176,8 @@ def measure_server(
         out.startup_s = ready
         if check_alive and (server.proc is None or server.proc.poll() is not None):
             raise ServerDied(classify(server.log_text()), out)
+        if after is not None:
+            after(out)
     return out
 
 

@@ -175,6 +175,23 @@ def _latency(objective: str) -> str:
     return pareto_latency(objective) or "e2e_p99"
 
 
+def _quality_html(study: optuna.Study, df: Any) -> str:
+    """The quality gate's section: each launched trial's figure against the
+    engine defaults (qtune.quality), and the threshold."""
+    if "quality" not in df:
+        return ""
+    limit = study.user_attrs.get(StudyAttr.MAX_QUALITY_LOSS)
+    rows = "".join(
+        f"<li>trial {r.trial}: {html.escape(str(r.quality))}"
+        + (" <b>(refused: over the threshold)</b>" if r.reason == "quality_loss" else "")
+        + "</li>"
+        for r in df.itertuples() if isinstance(r.quality, str))
+    head = ("<p>perplexity of qtune's evaluation text and greedy exact match against "
+            "the engine defaults" + (f"; max loss {limit * 100:g}%" if limit is not None
+                                     else "") + "</p>")
+    return f"<h2>Answer quality</h2>{head}<ul>{rows}</ul>"
+
+
 def render_html(study: optuna.Study, url: str, df: Any, imp: dict[str, float]) -> str:
     objective = study.user_attrs.get(StudyAttr.OBJECTIVE, "value")
     maximize = _maximize(study)
@@ -187,6 +204,7 @@ def render_html(study: optuna.Study, url: str, df: Any, imp: dict[str, float]) -
     trade = tradeoff_svg(df, _latency(objective))
     fails = df[df["status"].isin([TrialStatus.STARTUP_FAILED, TrialStatus.LOAD_FAILED,
                                    TrialStatus.PRUNED, TrialStatus.INVALID])]
+    quality = _quality_html(study, df)
     fail_rows = "".join(
         f"<li>trial {r.trial}: {html.escape(str(r.status))}: "
         f"{html.escape(str(r.reason))}: {html.escape(str(r.detail))[:300]}</li>"
@@ -203,7 +221,7 @@ objective <b>{html.escape(objective)}</b> ({"max" if maximize else "min"}imise);
 workload <code>{html.escape(str(wl))}</code></p>
 <div class="grid">{history_svg(df, objective, maximize)}{trade}</div>
 {importance_svg(imp)}
-<h2>Trials</h2>{table}
+<h2>Trials</h2>{table}{quality}
 <h2>Failures, pruned and skipped trials</h2><ul>{fail_rows or "<li>none</li>"}</ul>
 </body></html>
 """

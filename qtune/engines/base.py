@@ -286,6 +286,45 @@ class Engine(abc.ABC):
                 "--engine-python PATH of its Python")
 
 
+    # Quality (qtune.quality): what the model answers on a real-weights server
+
+    def changes_numerics(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The values of ``params`` that change the model's numerics against
+        the engine defaults (a lossy KV cache or weight format): what
+        ``--exact`` keeps out and what the quality gate is there for.
+        Default: {} (none known)."""
+        return {}
+
+    def logprobs_request(self, model: str, text: str) -> tuple[str, dict[str, Any]] | None:
+        """A request ``(path, JSON body)`` whose answer holds the model's
+        log-probability of each token of ``text`` (``read_logprobs``).
+        Default: None, the engine offers none, and quality is not measured."""
+        return None
+
+    def read_logprobs(self, answer: Any) -> list[float]:
+        """The log-probabilities of ``text``'s tokens after the first, from
+        the answer to ``logprobs_request``; ValueError when it has none."""
+        raise ValueError(f"{self.name} answers no log-probabilities")
+
+    def greedy_request(self, model: str, prompt: str,
+                       max_tokens: int) -> tuple[str, dict[str, Any]]:
+        """A request ``(path, JSON body)`` for exactly ``max_tokens`` greedy
+        tokens after ``prompt``.  Default: OpenAI's completions API."""
+        return "/v1/completions", {"model": model, "prompt": prompt,
+                                   "max_tokens": max_tokens, "temperature": 0}
+
+    def read_text(self, answer: Any) -> str:
+        """The generated text of an answer to ``greedy_request`` (OpenAI's
+        ``choices[0].text``); ValueError when it has none."""
+        try:
+            text = answer["choices"][0]["text"]
+        except (KeyError, IndexError, TypeError):
+            raise ValueError("the answer has no choices[0].text") from None
+        if not isinstance(text, str):
+            raise ValueError("choices[0].text is not text")
+        return text
+
+
 def engine_json(install: EngineInstall, cache_name: str, script: str,
                 timeout: float) -> Any:
     """What ``script``, run by the engine's own Python, prints after

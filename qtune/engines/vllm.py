@@ -653,6 +653,51 @@ class VLLM(Engine):
                             max_model_len=mml, kv_dtype=kv_dtype,
                             quantization=str(params.get("quantization", "none")))
 
+    def changes_numerics(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """A KV cache, weights or activations in another format than the
+        model's (the defaults: ``auto`` KV, no quantization, the config's
+        dtype).  Batching, scheduling and cache-size flags are not listed:
+        they decide when a token is computed, not how."""
+        defaults = {"kv_cache_dtype": ("auto",), "quantization": ("none", None),
+                    "dtype": ("auto",)}
+        return {k: v for k, v in params.items()
+                if k in defaults and v not in defaults[k]}
+
+    def logprobs_request(self, model: str, text: str) -> tuple[str, dict[str, Any]]:
+        """vLLM's ``prompt_logprobs`` extension of the completions API: with
+        0, each prompt position carries the log-probability of its own token
+        only (OpenAI's ``echo`` + ``logprobs`` would also need the one
+        generated token told apart)."""
+        return "/v1/completions", {"model": model, "prompt": text, "max_tokens": 1,
+                                   "temperature": 0, "prompt_logprobs": 0}
+
+    def read_logprobs(self, answer: Any) -> list[float]:
+        """``choices[0].prompt_logprobs``: null for the first token, then one
+        ``{token_id: {logprob, ...}}`` per token."""
+        try:
+            rows = answer["choices"][0]["prompt_logprobs"]
+        except (KeyError, IndexError, TypeError):
+            raise ValueError("the answer has no choices[0].prompt_logprobs") from None
+        if not isinstance(rows, list):
+            raise ValueError("prompt_logprobs is not a list")
+        out = []
+        for i, row in enumerate(rows):
+            if row is None and i == 0:
+                continue  # the first token has no context to be predicted from
+            # With prompt_logprobs 0 a position holds its own token alone: a
+            # second entry would leave unknown which one the text had.
+            if not isinstance(row, dict) or len(row) != 1:
+                raise ValueError(f"prompt_logprobs[{i}] is not one token's entry")
+            entry = next(iter(row.values()))
+            lp = entry.get("logprob") if isinstance(entry, dict) else None
+            if isinstance(lp, bool) or not isinstance(lp, (int, float)) \
+                    or not -1e4 < lp <= 0:
+                raise ValueError(f"prompt_logprobs[{i}]: no log-probability")
+            out.append(float(lp))
+        if not out:
+            raise ValueError("prompt_logprobs holds no token")
+        return out
+
 
 def _inductor_cache_dir() -> str:
     """Where torch would put its Inductor cache for this user (torch's own

@@ -217,12 +217,13 @@ class Workload:
             raise InputError("--prefix-count and --prefix-len go together",
                              hint="e.g. --prefix-count 4 --prefix-len 512")
         if self.dataset is not None:
-            if not Path(self.dataset).is_file():
+            if not dataset_file(self.dataset).is_file():
                 raise InputError(f"--dataset: {self.dataset} is not a file",
-                                 hint="ShareGPT JSON or JSONL with 'prompt' lines")
+                                 hint="ShareGPT JSON or JSONL with 'prompt' lines, or "
+                                 + " or ".join(BUILTIN_DATASETS))
             # Read (once, cached) now: a bad file must be refused before any
             # server starts, not when the first trial builds its requests.
-            _load_dataset(Path(self.dataset))
+            _load_dataset(dataset_file(self.dataset))
 
     @property
     def input_lengths(self) -> Lengths:
@@ -279,7 +280,7 @@ def load_workload_file(path: Path) -> dict[str, Any]:
             )
     if data.get("dataset"):
         ds = Path(data["dataset"])
-        if not ds.is_absolute():
+        if not ds.is_absolute() and data["dataset"] not in BUILTIN_DATASETS:
             data["dataset"] = str((path.parent / ds).resolve())
     return data
 
@@ -475,7 +476,7 @@ class RequestSource:
         self.prefixes = [
             self.prompts.prompt(wl.prefix_len) for _ in range(wl.prefix_count)
         ]
-        self.dataset = _load_dataset(Path(wl.dataset)) if wl.dataset else None
+        self.dataset = _load_dataset(dataset_file(wl.dataset)) if wl.dataset else None
         if self.dataset is not None:
             # A fixed-seed shuffle, then in order (cycling if the run needs
             # more requests than the file has).
@@ -499,6 +500,22 @@ class RequestSource:
 
     def take(self, n: int) -> list[Request]:
         return [self.next() for _ in range(n)]
+
+
+# Prompt sets shipped with qtune, by the name --dataset takes (qtune/data/
+# README.md: where each comes from, its licence).
+BUILTIN_DATASETS = {
+    # 64 instructions over prose paragraphs of CPython's documentation (PSF
+    # licence), 64 output tokens each: real English, not token soup.
+    "builtin:python-docs": "python-docs.jsonl",
+}
+
+
+def dataset_file(spec: str) -> Path:
+    """The file of ``--dataset``: a shipped set by its name, else the path."""
+    if spec in BUILTIN_DATASETS:
+        return Path(__file__).parent.parent / "data" / BUILTIN_DATASETS[spec]
+    return Path(spec)
 
 
 def _load_dataset(path: Path) -> list[tuple[str, int | None]]:

@@ -14,6 +14,7 @@ from qtune.engines.base import Param
 from qtune.errors import InputError, StudyError, printable
 from qtune.load.workload import Workload
 from qtune.objectives import SLO
+from qtune.quality import DEFAULT_MAX_LOSS
 from qtune.yamlfile import read_mapping
 
 
@@ -210,6 +211,9 @@ class TuneConfig:
     # config is measured at, on its one server; the workload is the highest.
     levels: tuple[float, ...] = ()
     force: bool = False  # replace a read-only --out
+    # A real-weights trial whose perplexity on the shipped text rises more
+    # than this over the engine defaults' is infeasible (qtune.quality).
+    max_quality_loss: float = DEFAULT_MAX_LOSS
 
 
 # Study names become file and folder names under studies/ and profiles/:
@@ -255,6 +259,10 @@ def check_config(cfg: TuneConfig) -> None:
     if cfg.max_model_len is not None and cfg.max_model_len < 1:
         raise InputError(f"--max-model-len {cfg.max_model_len}: must be at least 1",
                          hint="tokens of context, e.g. 4096")
+    if not (math.isfinite(cfg.max_quality_loss) and cfg.max_quality_loss >= 0):
+        raise InputError(f"--max-quality-loss {cfg.max_quality_loss}: must be a finite "
+                         "number, 0 or more",
+                         hint="a fraction of the perplexity, e.g. 0.01 for +1%")
     if cfg.pick is not None and cfg.pick < 0:
         raise InputError(f"--pick {cfg.pick}: trial numbers start at 0",
                          hint="qtune report STUDY lists the trials")

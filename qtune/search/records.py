@@ -73,6 +73,10 @@ class Attr:
     OVER_REQUEST = "over_request"  # what a start that ran out of memory asked for
     PARTIAL_SUMMARY = "partial_summary"  # a pruned trial's run, kept apart
     REQUESTS_UNSENT = "requests_unsent"  # the share a pruned trial did not send
+    # The quality gate (qtune.quality): the figure against the engine
+    # defaults, and (the defaults' trial only) the reference sample.
+    QUALITY = "quality"
+    QUALITY_SAMPLE = "quality_sample"
 
 
 class StudyAttr:
@@ -87,6 +91,7 @@ class StudyAttr:
     ENGINE_INSTALL = "engine_install"  # what --pick needs without the engine
     SPACE_NOTES = "space_notes"
     CONFIRMATION = "confirmation"  # trial number (str) -> medians of re-runs
+    MAX_QUALITY_LOSS = "max_quality_loss"
 
 
 @dataclass
@@ -113,6 +118,7 @@ class TrialRecord:
     server_of: int | None = None
     started: str | None = None  # ISO times from the study (Optuna's own)
     finished: str | None = None
+    quality: dict[str, Any] | None = None  # qtune.quality.Quality.to_dict()
 
     @classmethod
     def from_frozen(cls, t: optuna.trial.FrozenTrial) -> TrialRecord:
@@ -144,13 +150,14 @@ class TrialRecord:
                                             if t.datetime_start else None),
             finished=a.get(Attr.FINISHED) or (t.datetime_complete.isoformat()
                                               if t.datetime_complete else None),
+            quality=a.get(Attr.QUALITY),
         )
 
 
 # The record's fields write_record stores when set (an empty list or dict is
 # not stored: the reader's default gives it back).
 _WRITTEN = (Attr.REASON, Attr.DETAIL, Attr.SUMMARY, Attr.STARTUP_S, Attr.MEASURE_S,
-            Attr.TOTAL_S, Attr.ARGV, Attr.ENV, Attr.LOG)
+            Attr.TOTAL_S, Attr.ARGV, Attr.ENV, Attr.LOG, Attr.QUALITY)
 
 
 def write_record(trial: optuna.Trial, rec: TrialRecord) -> None:

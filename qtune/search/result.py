@@ -17,6 +17,7 @@ from qtune.files import write_atomic
 from qtune.host import placement
 from qtune.objectives import pareto_latency
 from qtune.profile import EngineInfo, Profile, StudyRef
+from qtune.quality import Quality
 from qtune.search.inputs import Prepared, at_load
 from qtune.search.records import LAUNCHED, Attr, StudyAttr, TrialRecord, TrialStatus, ran_trials
 
@@ -197,6 +198,10 @@ def trials_frame(study: optuna.Study) -> Any:
         row["req_per_s"] = s.get("request_throughput")
         row["out_tok_per_s"] = s.get("output_token_throughput")
         row["failed"] = s.get("failed")
+        q = Quality.from_dict(r.quality)
+        if q is not None:  # the quality gate's figure (qtune.quality)
+            row["quality_loss"] = q.loss
+            row["quality"] = q.text()
         rows.append(row)
     if not rows:  # a study with no trial yet: the columns, no rows
         return pd.DataFrame(columns=["trial", "baseline", "status", "reason", "value",
@@ -256,6 +261,15 @@ def _objective_pair(study: optuna.Study, best: TrialRecord,
             "basis": "one run each"}
 
 
+def _quality_view(rec: TrialRecord, max_loss: float) -> dict[str, Any] | None:
+    """The winner's quality figure for the profile: the stored figure, the
+    threshold it was held to and its one-line reading."""
+    q = Quality.from_dict(rec.quality)
+    if q is None:
+        return None
+    return {**q.to_dict(), "max_loss": max_loss, "text": q.text()}
+
+
 def _as_ran(study: optuna.Study, rec: TrialRecord) -> Any:
     """A picked trial's launch as it ran (its command and env from the
     study), on the deployed port: --pick needs no engine installed."""
@@ -296,6 +310,9 @@ def build_profile(
         if baseline else None
     if base_note:
         notes.append(base_note)
+    quality = _quality_view(best, cfg.max_quality_loss)
+    if quality is not None and not quality["measured"]:
+        notes.append(f"answer quality {quality['text']}")
     if objective.get("separated") is False:
         notes.append("the winner's confirmation runs overlap the engine defaults': the "
                      "improvement is within this host's run-to-run noise; qtune verify "
@@ -318,6 +335,7 @@ def build_profile(
             "startup_s": best.startup_s,
             "confirmation": study.user_attrs.get(StudyAttr.CONFIRMATION) or None,
             "pareto_front": pareto_front,
+            "quality": quality,
         },
         # A --levels point is a profile for the load it was measured at.
         workload=(cfg.workload if best.load_level is None

@@ -101,6 +101,7 @@ def _open_study(prep: Prepared) -> optuna.Study:
     study.set_user_attr(StudyAttr.WORKLOAD, cfg.workload.to_dict())
     study.set_user_attr(StudyAttr.LEVELS, list(cfg.levels))
     study.set_user_attr(StudyAttr.EXACT, cfg.exact)
+    study.set_user_attr(StudyAttr.MAX_QUALITY_LOSS, cfg.max_quality_loss)
     study.set_user_attr(StudyAttr.MODEL, prep.ctx.model.summary())
     study.set_user_attr(StudyAttr.OPTUNA_VERSION, optuna.__version__)
     # What --pick needs to write a profile where the engine is not installed.

@@ -16,6 +16,8 @@ from qtune.errors import ServerError
 from qtune.measure import Measurement, ServerDied, measure_load, measure_server
 from qtune.metrics import metric_value
 from qtune.objectives import get_objective
+from qtune.quality import Quality, Sample, compare, not_measured, take_sample, violation
+from qtune.quality import reason as quality_reason
 from qtune.search.config import TuneConfig
 from qtune.search.inputs import Prepared, at_load
 from qtune.search.pruning import make_pruner
@@ -79,6 +81,7 @@ def _run_trial_inner(
     n = trial.number
     baseline = bool(trial.user_attrs.get(Attr.BASELINE))
     lower: list[tuple[float, Measurement]] = []
+    quality: list[Quality] = []  # set on the server after its measurement
     t0 = time.monotonic()
     log_path = prep.study_dir / f"trial-{n:03d}.log"
     rec = TrialRecord(n, params, TrialStatus.OK, baseline=baseline, log=str(log_path))
@@ -104,13 +107,17 @@ def _run_trial_inner(
             lower = _lower_levels(prep, spec, n, reporter) if cfg.levels else []
             reporter.trial_phase(n, "measuring", cfg.workload.mode)
 
+        def after(m: Measurement, spec: Any = spec) -> None:
+            if not m.stopped_early or m.stopped_early == "saturated":  # not pruned
+                quality[:] = [_quality(prep, study, trial, spec, params, reporter)]
+
         try:
             m = measure_server(
                 spec, log_path, bench_config(prep, spec, cfg.workload),
                 startup_timeout=cfg.startup_timeout, classify=prep.engine.classify,
                 progress=progress, watch=watch, capacity=capacity,
                 on_tick=lambda s: reporter.trial_phase(n, "starting", f"{s:.0f} s"),
-                on_ready=ready, before=before,
+                on_ready=ready, before=before, after=after,
                 # A server that died under load is a failed config, not a
                 # slow one: checked before the numbers are trusted.
                 check_alive=True)
@@ -159,8 +166,13 @@ def _run_trial_inner(
         study.tell(trial, state=TrialState.PRUNED)
         reporter.trial_done(rec, best_trial(study))
         return lower
-    for name, violation in _constraints(cfg, summary).items():
-        trial.set_constraint(name, violation)
+    q = quality[0] if quality else None
+    if q is not None:
+        rec.quality = q.to_dict()
+        if violation(q, cfg.max_quality_loss) > 0:
+            rec.reason, rec.detail = "quality_loss", quality_reason(q, cfg.max_quality_loss)
+    for name, v in _constraints(cfg, summary, rec.quality).items():
+        trial.set_constraint(name, v)
     write_record(trial, rec)
     values = _values(prep, summary)
     rec.value = values[-1]  # pareto: the latency
@@ -174,10 +186,16 @@ def _run_trial_inner(
     return lower
 
 
-def _constraints(cfg: TuneConfig, summary: dict[str, Any]) -> dict[str, float]:
+def _constraints(cfg: TuneConfig, summary: dict[str, Any],
+                 quality: dict[str, Any] | None = None) -> dict[str, float]:
     """A measured trial's constraints (feasible when all are <= 0): failed
-    requests, and each SLO's violation."""
+    requests, each SLO's violation, and the quality loss beyond
+    --max-quality-loss (only where quality was measured, or a config that
+    changes numerics could not be)."""
     out = {"failed_requests": float(summary["failed"])}
+    q = Quality.from_dict(quality)
+    if q is not None and (q.measured or violation(q, cfg.max_quality_loss) > 0):
+        out["quality_loss"] = violation(q, cfg.max_quality_loss)
     if summary.get("contaminated"):
         # Measured on cached prefills: not the workload asked for, so it
         # may not win (qtune.bench.CONTAMINATED_HIT_RATE).
@@ -248,7 +266,7 @@ def _add_level_point(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
     # defaults at that load (the improvement at a level compares with it).
     attrs = {k: v for k, v in frozen.user_attrs.items()
              if k in (Attr.LAUNCH_PARAMS, Attr.ARGV, Attr.ENV, Attr.LOG, Attr.STARTUP_S,
-                      Attr.BASELINE)}
+                      Attr.BASELINE, Attr.QUALITY, Attr.REASON, Attr.DETAIL)}
     summary = m.to_dict()
     measured = {Attr.STARTED: m.started, Attr.FINISHED: m.finished,
                 Attr.MEASURE_S: m.measure_s}
@@ -257,12 +275,47 @@ def _add_level_point(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
     study.add_trial(optuna.trial.create_trial(
         values=_values(prep, summary), params=frozen.params,
         distributions=frozen.distributions, user_attrs=attrs,
-        constraints=_constraints(prep.cfg, summary)))
+        constraints=_constraints(prep.cfg, summary, frozen.user_attrs.get(Attr.QUALITY))))
     # Found by its attributes, not as "the last trial": storage may be shared.
     added = next(TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)
                  if t.user_attrs.get(Attr.SERVER_OF) == trial.number
                  and t.user_attrs.get(Attr.LOAD_LEVEL) == level)
     reporter.trial_done(added, best_trial(study))
+
+
+def _quality(prep: Prepared, study: optuna.Study, trial: optuna.Trial, spec: Any,
+             params: dict[str, Any], reporter: Reporter) -> Quality:
+    """The trial's quality figure (``qtune.quality``), taken on its server
+    after its measurement; the engine defaults' sample is kept as the
+    study's reference."""
+    numerics = prep.engine.changes_numerics(params)
+    if prep.ctx.model.load_format == "dummy":
+        return not_measured("random weights (--load-format dummy)", numerics)
+    if prep.engine.logprobs_request(spec.served_model, "") is None:
+        return not_measured(f"{prep.engine.name} answers no log-probabilities", numerics)
+    baseline = bool(trial.user_attrs.get(Attr.BASELINE))
+    ref = None if baseline else reference_sample(study)
+    if ref is None and not baseline:
+        return not_measured("no reference: the engine defaults were not measured",
+                            numerics)
+    reporter.trial_phase(trial.number, "quality", "scoring the evaluation text")
+    try:
+        sample = take_sample(prep.engine, spec.base_url, spec.served_model)
+    except (OSError, ValueError) as exc:
+        return not_measured(f"the server's answers could not be read "
+                            f"({type(exc).__name__}: {exc})"[:240], numerics)
+    if ref is None:
+        trial.set_user_attr(Attr.QUALITY_SAMPLE, sample.to_dict())
+        return compare(sample, sample, numerics, reference=True)
+    return compare(ref, sample, numerics)
+
+
+def reference_sample(study: optuna.Study) -> Sample | None:
+    """The engine defaults' quality sample (the first one kept)."""
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get(Attr.BASELINE) and Attr.QUALITY_SAMPLE in t.user_attrs:
+            return Sample.from_dict(t.user_attrs[Attr.QUALITY_SAMPLE])
+    return None
 
 
 def _short(params: dict[str, Any]) -> str:

@@ -80,6 +80,15 @@ def test_the_optional_hooks_default_to_nothing_added(cpu_ctx):
     assert e.metric_names() is None and e.cache_reset_paths() == ()
     assert e.max_model_len(["x", "--max-model-len", "4096"]) is None
     assert e.image("cuda", "1.0") is None and e.cache_volumes() == ()
+    # No quality hooks: nothing lossy known, no log-probabilities to score
+    # (the trial says "not measured"); greedy text through OpenAI's API.
+    assert e.changes_numerics({"slots": 2}) == {}
+    assert e.logprobs_request("m", "text") is None
+    with pytest.raises(ValueError):
+        e.read_logprobs({"choices": [{"prompt_logprobs": [None, {"1": {"logprob": -1}}]}]})
+    assert e.greedy_request("m", "p", 4) == ("/v1/completions", {
+        "model": "m", "prompt": "p", "max_tokens": 4, "temperature": 0})
+    assert e.read_text({"choices": [{"text": " x"}]}) == " x"
 
 
 def test_a_minimal_engine_deploys_with_the_defaults(monkeypatch):

@@ -1,9 +1,13 @@
 """A stand-in OpenAI streaming server for orchestration tests (not vLLM):
 python -m tests.fakes.llm_server PORT NAME [--delay-ms N] [--crash] [--port N]
+    [--logprob-shift X]
 
 Each request streams ``max_tokens`` tokens, one per ``delay-ms``.  With
 --crash it prints a root cause and exits at start, like a config vLLM
-refuses.
+refuses.  A request without ``stream`` gets one JSON answer, as the quality
+gate asks: with ``prompt_logprobs``, every word after the first at
+log-probability -1 - X (vLLM's shape); else ``max_tokens`` words, "t" or,
+with a shift, "u" (another greedy output).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from aiohttp import web
 def main() -> None:
     port, name, *opts = sys.argv[1:]
     delay = float(opts[opts.index("--delay-ms") + 1]) / 1000 if "--delay-ms" in opts else 0.001
+    shift = float(opts[opts.index("--logprob-shift") + 1]) \
+        if "--logprob-shift" in opts else 0.0
     if "--port" in opts:  # verify rewrites the --port flag, not the first argument
         port = opts[opts.index("--port") + 1]
     if "--crash" in opts:
@@ -31,8 +37,17 @@ def main() -> None:
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": name}]})
 
-    async def completions(request: web.Request) -> web.StreamResponse:
+    async def completions(request: web.Request) -> web.StreamResponse | web.Response:
         body = await request.json()
+        if not body.get("stream"):
+            choice: dict[str, object] = {
+                "index": 0, "text": (" u" if shift else " t") * body["max_tokens"]}
+            if "prompt_logprobs" in body:
+                words = body["prompt"].split()
+                choice["prompt_logprobs"] = [None] + [
+                    {str(i): {"logprob": -1.0 - shift, "rank": 1}}
+                    for i in range(1, len(words))]
+            return web.json_response({"choices": [choice]})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for _ in range(body["max_tokens"]):
