@@ -175,3 +175,26 @@ def test_a_database_restart_stops_the_worker_and_a_restarted_one_resumes(
     assert sum(1 for t in launched(study) if t.user_attrs.get(Attr.BASELINE)
                and t.user_attrs.get(Attr.STATUS) == TrialStatus.OK) == 1
     assert res["profile"]
+
+
+def test_finish_confirms_a_study_and_a_worker_of_another_engine_is_refused(
+        postgres, tmp_path):
+    url = postgres.new_database()
+    rc, _, err = finish(spawn(config(tmp_path, url, "nope", finish=True)))
+    assert rc == 1 and "error: --finish: no study nope in postgresql://" in err
+    rc, res, err = finish(spawn(config(tmp_path, url, "fin", trials=2, confirm_top=0)))
+    assert rc == 0, err
+    assert StudyAttr.CONFIRMATION not in load(url, "fin").user_attrs
+    # The top 2 (and the defaults, one of them): at least two to confirm.
+    rc, res, err = finish(spawn(config(tmp_path, url, "fin", trials=2, finish=True,
+                                       confirm_top=2)))
+    assert rc == 0, err
+    study = load(url, "fin")
+    assert len(study.user_attrs[StudyAttr.CONFIRMATION]) == 2
+    assert len(launched(study)) == 2  # --finish launches no trial
+    assert res["profile"] and Path(res["profile"]).is_file()
+    # Another engine version: its numbers would not compare.
+    rc, _, err = finish(spawn(config(tmp_path, url, "fin", trials=3,
+                                     engine_version="2.0")))
+    assert rc == 1 and "engine 'fake 1.0 (cpu)', this worker has 'fake 2.0 (cpu)'" in err
+    assert len(launched(load(url, "fin"))) == 2
