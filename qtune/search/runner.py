@@ -106,7 +106,8 @@ def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         stop_reason = _sampling_loop(prep, study, reporter, started)
     if stop_reason:
         reporter.note(f"stopped before --trials: {stop_reason}")
-    if is_fleet and not cfg.finish and not _claim_finish(prep, study, reporter):
+    if is_fleet and not cfg.finish and cfg.pick is None and \
+            not _claim_finish(prep, study, reporter):
         res = _worker_result(prep, study)
         res.stop_reason = stop_reason
         return res
@@ -209,8 +210,9 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
             f"study {prep.study_name}: its directions are {have}, this run's {want}",
             hint="a resumed study must keep its objective direction")
     _check_resume(study, prep)
-    fleet.check_hosts(study, fleet.host_facts(prep.host, prep.ctx.install),
-                      cfg.allow_mixed_hosts, prep.study_name)
+    if cfg.pick is None:  # a re-pick measures nothing: any host may write it
+        fleet.check_hosts(study, fleet.host_facts(prep.host, prep.ctx.install),
+                          cfg.allow_mixed_hosts, prep.study_name)
     if is_fleet:
         # Other workers' trials are RUNNING too: only the stale ones fail.
         fleet.reclaim(study)

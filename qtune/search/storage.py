@@ -176,11 +176,15 @@ def open_storage(url: str, *, read_only: bool = False,
         # No heartbeat on one host: trials a killed run left RUNNING are
         # failed on resume instead (run_study).  A fleet's workers beat
         # their trials themselves (fleet.Heartbeat).  SQLite gets a lock timeout.
-        kwargs = {"connect_args": {"timeout": 20.0}} if url.startswith("sqlite") else {}
+        kwargs: dict[str, Any] = (
+            {"connect_args": {"timeout": 20.0}} if url.startswith("sqlite") else {})
         beat: dict[str, Any] = {}
         if heartbeat_s is not None and fleet.is_fleet(url):
             beat = fleet.storage_kwargs(heartbeat_s)
             fleet.quiet_heartbeat_warning()
+            # A pooled connection is checked before use: a database restarted
+            # between two calls costs a reconnect, not the worker.
+            kwargs["pool_pre_ping"] = True
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
     except Exception as exc:  # sqlalchemy/driver errors vary widely
         raise StudyError(

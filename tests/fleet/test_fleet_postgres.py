@@ -193,8 +193,30 @@ def test_finish_confirms_a_study_and_a_worker_of_another_engine_is_refused(
     assert len(study.user_attrs[StudyAttr.CONFIRMATION]) == 2
     assert len(launched(study)) == 2  # --finish launches no trial
     assert res["profile"] and Path(res["profile"]).is_file()
+    # A re-pick writes its profile on a fleet's study too, on any host.
+    rc, res, err = finish(spawn(config(tmp_path, url, "fin", pick=0, engine_version="2.0",
+                                       out=str(tmp_path / "pick.yaml"))))
+    assert rc == 0, err
+    assert res["profile"] == str(tmp_path / "pick.yaml")
     # Another engine version: its numbers would not compare.
     rc, _, err = finish(spawn(config(tmp_path, url, "fin", trials=3,
                                      engine_version="2.0")))
     assert rc == 1 and "engine 'fake 1.0 (cpu)', this worker has 'fake 2.0 (cpu)'" in err
     assert len(launched(load(url, "fin"))) == 2
+
+
+def test_a_short_database_restart_is_ridden_out(postgres, tmp_path):
+    url = postgres.new_database()
+    # 2 s beats: a worker gives the database up after 5 s without one.
+    cfg = config(tmp_path, url, "blip", trials=3, heartbeat_s=2)
+    worker = spawn(cfg)
+    trial, _ = wait_for(lambda: running_trial_of(url, "blip", worker.pid,
+                                                 baseline_ok=True), 120,
+                        "a trial with its server up")
+    postgres.stop()
+    postgres.start()
+    rc, res, err = finish(worker)
+    assert rc == 0, err
+    study = load(url, "blip")
+    assert study.trials[trial.number].user_attrs.get(Attr.STATUS) in LAUNCHED
+    assert len(launched(study)) == 3 and res["profile"]

@@ -42,8 +42,9 @@ def main(arg: str) -> int:
     inputs.probe = lambda **kw: host  # type: ignore[assignment]
     install_signal_handlers()
     wl = Workload(**spec.pop("workload"))
-    if spec.get("space_file"):
-        spec["space_file"] = Path(spec["space_file"])
+    for key in ("space_file", "out"):
+        if spec.get(key):
+            spec[key] = Path(spec[key])
     cfg = TuneConfig(engine="fake", workload=wl, studies_dir=Path(spec.pop("studies_dir")),
                      profiles_dir=Path(spec.pop("profiles_dir")), **spec)
     try:
