@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import inspect
 import os
 import signal
 import socket
@@ -78,8 +79,12 @@ def storage_kwargs(heartbeat_s: int) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # experimental in some 4.x releases
         callback = retry(max_retry=MAX_RETRY)
+    # Optuna 5 renamed the argument (the old name warns); 4.x knows only it.
+    params = inspect.signature(optuna.storages.RDBStorage).parameters
+    key = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in params
+           else "failed_trial_callback")
     return {"heartbeat_interval": heartbeat_s, "grace_period": heartbeat_s * GRACE_BEATS,
-            "failed_trial_callback": callback}
+            key: callback}
 
 
 def quiet_heartbeat_warning() -> None:

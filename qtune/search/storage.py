@@ -4,6 +4,7 @@ storage (read-only for ``qtune report`` and ``--pick``)."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +186,11 @@ def open_storage(url: str, *, read_only: bool = False,
             # A pooled connection is checked before use: a database restarted
             # between two calls costs a reconnect, not the worker.
             kwargs["pool_pre_ping"] = True
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
+        with warnings.catch_warnings():
+            # The heartbeat arguments are "experimental" in Optuna's words:
+            # a warning on every worker's start says nothing to its user.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
     except Exception as exc:  # sqlalchemy/driver errors vary widely
         raise StudyError(
             f"cannot open storage {mask_url(url)}: {type(exc).__name__}: "
