@@ -4,11 +4,13 @@ storage (read-only for ``qtune report`` and ``--pick``)."""
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import optuna
+from sqlalchemy.exc import IntegrityError
 
 from qtune.errors import InputError, StudyError, mask_url, printable
 from qtune.files import check_target
@@ -190,7 +192,17 @@ def open_storage(url: str, *, read_only: bool = False,
             # The heartbeat arguments are "experimental" in Optuna's words:
             # a warning on every worker's start says nothing to its user.
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
+            for attempt in range(5):
+                try:
+                    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
+                except IntegrityError:
+                    # Workers started together on an empty database race to
+                    # create Optuna's tables (PostgreSQL's IF NOT EXISTS is
+                    # not atomic): the loser finds them made on a retry.
+                    if attempt == 4:
+                        raise
+                    time.sleep(0.5 * (attempt + 1))
+            raise AssertionError("unreachable")
     except Exception as exc:  # sqlalchemy/driver errors vary widely
         raise StudyError(
             f"cannot open storage {mask_url(url)}: {type(exc).__name__}: "

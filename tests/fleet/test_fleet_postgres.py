@@ -94,7 +94,7 @@ def running_trial_of(url: str, name: str, pid: int, baseline_ok: bool = False) -
 @pytest.mark.parametrize("workers", [2, 3])
 def test_workers_share_one_study(postgres, tmp_path, workers):
     url = postgres.new_database()
-    cfg = config(tmp_path, url, "shared", trials=6)
+    cfg = config(tmp_path, url, "shared", trials=6, confirm_top=2)
     procs = [spawn(cfg) for _ in range(workers)]
     results = [finish(p) for p in procs]
     for rc, _, err in results:
