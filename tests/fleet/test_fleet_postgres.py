@@ -74,7 +74,8 @@ def wait_for(pred: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def running_trial_of(url: str, name: str, pid: int, baseline_ok: bool = False) -> Any:
+def running_trial_of(url: str, name: str, pid: int, baseline_ok: bool = False,
+                     baseline_only: bool = False) -> Any:
     """A RUNNING trial of worker ``pid`` whose fake server is up."""
     try:
         study = load(url, name)
@@ -82,8 +83,9 @@ def running_trial_of(url: str, name: str, pid: int, baseline_ok: bool = False) -
         return None
     me = f"{socket.gethostname()}:{pid}"
     for t in study.get_trials(states=(TrialState.RUNNING,)):
+        base = bool(t.user_attrs.get(Attr.BASELINE))
         if t.user_attrs.get(FleetAttr.WORKER) == me and (
-                baseline_ok or not t.user_attrs.get(Attr.BASELINE)):
+                base if baseline_only else baseline_ok or not base):
             servers = [c for c in psutil.Process(pid).children(recursive=True)
                        if "tests.fakes.llm_server" in " ".join(c.cmdline())]
             if servers:
@@ -117,13 +119,22 @@ def test_workers_share_one_study(postgres, tmp_path, workers):
     assert not [t for t in study.get_trials() if t.state == TrialState.RUNNING]
 
 
-def test_a_killed_workers_trial_is_requeued_and_its_server_stopped(postgres, tmp_path):
+@pytest.mark.parametrize("when", ["sampled", "opening"])
+def test_a_killed_workers_trial_is_requeued_and_its_server_stopped(postgres, tmp_path,
+                                                                   when):
+    """``opening``: the worker that created the study dies in its baseline;
+    the other, waiting for the opening, takes it over."""
     url = postgres.new_database()
     cfg = config(tmp_path, url, "kill")
     victim = spawn(cfg)
+    if when == "opening":
+        wait_for(lambda: running_trial_of(url, "kill", victim.pid, baseline_only=True),
+                 120, "the victim's baseline")
     other = spawn(cfg)
-    trial, servers = wait_for(lambda: running_trial_of(url, "kill", victim.pid), 120,
-                              "a sampled trial of the victim with its server up")
+    trial, servers = wait_for(
+        lambda: running_trial_of(url, "kill", victim.pid,
+                                 baseline_only=when == "opening"), 120,
+        "a trial of the victim with its server up")
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=10)
     # The guard sees qtune gone and stops the server's group (it polls each second).
@@ -143,6 +154,7 @@ def test_a_killed_workers_trial_is_requeued_and_its_server_stopped(postgres, tmp
     assert retry.params == dead.params  # the same config, run again
     # Nothing lost, nothing counted twice: 5 launches, one of them the retry.
     assert len(launched(study)) == 5
+    assert sum(1 for t in launched(study) if t.user_attrs.get(Attr.BASELINE)) == 1
     assert res["profile"] and Path(res["profile"]).is_file()
 
 
