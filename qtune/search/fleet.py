@@ -166,7 +166,8 @@ def running(study: optuna.Study, before: int | None = None) -> int:
 
 def claim(study: optuna.Study, what: str) -> bool:
     """Whether this worker is the one to do ``what`` for the study: the
-    first to create the marker study of that name (atomic in the database)."""
+    first to create the marker study of that name (atomic in the database).
+    '~' is outside --study's alphabet: no user's study can take the name."""
     name = f"{study.study_name}~{what}"
     try:
         optuna.create_study(study_name=name, storage=study._storage)
