@@ -330,6 +330,19 @@ def search(
         min=0.0, max=1.0,
         help="Stop a trial's measurement only once it is sure to miss the best so "
         "far by this fraction (0: exact). The best so far is one noisy run.")] = 0.1,
+    gpus: Annotated[str | None, typer.Option(
+        help="This worker's GPUs: indices (0,1; one index: 1,) or a count of "
+        "GPUs no other qtune on this host holds. Its servers see only these.")] = None,
+    finish: Annotated[bool, typer.Option(
+        help="With --study: only confirm the top configs and write the profile "
+        "of a study that workers ran (the last worker does it itself).")] = False,
+    allow_mixed_hosts: Annotated[bool, typer.Option(
+        help="Let this worker join a study measured on other GPUs or another "
+        "engine version.")] = False,
+    heartbeat: Annotated[int, typer.Option(
+        min=1, help="On a database server storage (a fleet of workers): seconds "
+        "between a running trial's heartbeats; a trial 5 beats late is failed "
+        "and re-queued.")] = 60,
     force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
@@ -349,7 +362,9 @@ def search(
                      memory_check=memory_check, confirm_top=confirm_top,
                      confirm_repeats=confirm_repeats, pick=pick, exact=exact,
                      levels=parse_levels(levels), prune_margin=prune_margin,
-                     force=force, max_quality_loss=max_quality_loss)
+                     force=force, max_quality_loss=max_quality_loss, gpus=gpus,
+                     finish=finish, allow_mixed_hosts=allow_mixed_hosts,
+                     heartbeat_s=heartbeat)
     prep = prepare(cfg)
     with console.SearchReporter(objective) as rep:
         res = run_study(prep, rep)

@@ -17,6 +17,12 @@ if ! command -v promtool >/dev/null && [ "$(id -u)" = 0 ]; then
   # Emitted alert rules are checked by the real promtool (Debian's prometheus).
   apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
+if ! compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null && ! command -v pg_ctl >/dev/null \
+    && [ "$(id -u)" = 0 ]; then
+  # The fleet tests start a real PostgreSQL server (tests/fleet/conftest.py runs
+  # it as an unprivileged user, since PostgreSQL refuses root).
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+fi
 # The habits the house keeps, checked before the tests: lint (benchmarks
 # are scripts but are read like the package) and strict types on qtune/.
 .venv/bin/python -m ruff check qtune tests benchmarks || {

@@ -214,6 +214,11 @@ class TuneConfig:
     # A real-weights trial whose perplexity on the shipped text rises more
     # than this over the engine defaults' is infeasible (qtune.quality).
     max_quality_loss: float = DEFAULT_MAX_LOSS
+    # A fleet (several workers on one database server storage, search/fleet.py)
+    gpus: str | None = None  # --gpus: this worker's GPUs, "0,1" or a count
+    finish: bool = False  # --finish: only the confirmation and the profile
+    allow_mixed_hosts: bool = False  # trials from other GPUs / engine versions
+    heartbeat_s: int = 60  # seconds between a running trial's heartbeats
 
 
 # Study names become file and folder names under studies/ and profiles/:
@@ -268,6 +273,13 @@ def check_config(cfg: TuneConfig) -> None:
                          hint="qtune report STUDY lists the trials")
     if cfg.study is not None:
         check_study_name(cfg.study)
+    if cfg.finish and cfg.study is None:
+        raise InputError("--finish needs --study NAME",
+                         hint="--finish confirms and writes the profile of a named study")
+    if cfg.finish and cfg.pick is not None:
+        raise InputError("--finish and --pick: choose one",
+                         hint="--pick writes one trial's profile; --finish confirms the "
+                         "top configs first")
 
 
 def parse_levels(text: str | None) -> tuple[float, ...]:

@@ -25,6 +25,7 @@ from qtune.search.config import (
     check_study_name,
     load_space_file,
 )
+from qtune.search.fleet import pin_gpus
 from qtune.search.space import SAMPLERS, make_sampler
 from qtune.search.storage import (
     check_pickable,
@@ -102,7 +103,9 @@ def prepare(cfg: TuneConfig) -> Prepared:
                          hint="e.g. --slo 'ttft_p99<=500ms,tpot_p99<=50ms'")
     if cfg.levels:
         cfg = _with_levels(cfg, direction)
-    host = probe(engine_python=cfg.engine_python)
+    # --gpus: this worker's own GPUs (locked on the host), the only ones its
+    # space is built for and its servers see.
+    host = pin_gpus(probe(engine_python=cfg.engine_python), cfg.gpus)
     study_name = cfg.study or _default_study_name(model, cfg, host)
     storage_url, study_dir = study_files(cfg, study_name)
     if cfg.pick is not None:

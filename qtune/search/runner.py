@@ -4,22 +4,33 @@ budget, then the top-K confirmation."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
 from qtune.engines.base import LoadView
-from qtune.errors import ServerError, StudyError
+from qtune.errors import ServerError, StudyError, mask_url
 from qtune.measure import interleaved, measure_server
 from qtune.objectives import get_objective
+from qtune.search import fleet
 from qtune.search.config import TuneConfig
 from qtune.search.inputs import Prepared, prepare
-from qtune.search.records import LAUNCHED, Attr, StudyAttr, TrialRecord, TrialStatus
+from qtune.search.records import (
+    LAUNCHED,
+    Attr,
+    StudyAttr,
+    TrialRecord,
+    TrialStatus,
+    ran_trials,
+)
 from qtune.search.reporter import NullReporter, Reporter
-from qtune.search.result import TuneResult, finish
+from qtune.search.result import TuneResult, best_trial, finish
 from qtune.search.space import (
     describe,
     distributions,
@@ -43,60 +54,173 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     """Run a prepared study to its end and write its profile: the engine
     defaults first, then the engine's seeds, the start design and the
     sampler's trials until --trials launches or the time budget, then the
-    confirmation of the top configs."""
-    cfg = prep.cfg
-    study = _open_study(prep)
-    reporter.study_started(_study_info(prep))
-    started = time.monotonic()
-    if not _has_baseline(prep, study) and launched_count(study) < cfg.trials:
-        base_params, note = prep.engine.baseline(prep.ctx)
-        _run_unsampled(prep, study, reporter, {**base_params, **prep.fixed},
-                       {Attr.BASELINE: True, **({Attr.BASELINE_NOTE: note} if note else {})})
+    confirmation of the top configs.  On a database server storage this is
+    one worker of a fleet (``qtune.search.fleet``): a lost database stops it
+    with one error."""
+    try:
+        return _run_study(prep, reporter)
+    except KeyboardInterrupt:
+        if lost := fleet.lost_reason():
+            raise fleet.lost_database(prep.storage_url, lost) from None
+        raise
+    except (optuna.exceptions.StorageInternalError, SQLAlchemyError) as exc:
+        if not fleet.is_fleet(prep.storage_url):
+            raise
+        cause = exc.__cause__ or exc
+        raise fleet.lost_database(prep.storage_url, f"{type(cause).__name__}: "
+                                  f"{str(cause).splitlines()[0][:200]}") from None
 
-    prep = _shape(prep, study, reporter)
-    study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
-    stop_reason = _run_seeds(prep, study, reporter, started)
-    if not stop_reason and launched_count(study) < cfg.trials:
-        # Queued only when the loop will take them: a queued point left over
-        # would come out of a later ask() in place of what was queued then.
-        _start_design(prep, study, reporter)
-    if not stop_reason:
+
+def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
+    cfg = prep.cfg
+    study, opener = _open_study(prep)
+    is_fleet = fleet.is_fleet(prep.storage_url)
+    reporter.study_started(_study_info(prep))
+    started = fleet.started_at(study) if is_fleet else time.monotonic()
+    stop_reason = None
+    if cfg.finish:
+        # --finish: the confirmation and the profile of the study as it is.
+        prep = _shape(prep, study, reporter)
+    elif not opener and study.user_attrs.get(fleet.FleetAttr.READY) is None:
+        opener = _wait_for_opening(prep, study, reporter)
+    if opener and not cfg.finish:
+        if not _has_baseline(prep, study) and launched_count(study) < cfg.trials:
+            base_params, note = prep.engine.baseline(prep.ctx)
+            _run_unsampled(prep, study, reporter, {**base_params, **prep.fixed},
+                           {Attr.BASELINE: True,
+                            **({Attr.BASELINE_NOTE: note} if note else {})})
+        prep = _shape(prep, study, reporter)
+        study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
+        stop_reason = _run_seeds(prep, study, reporter, started)
+        if not stop_reason and launched_count(study) < cfg.trials:
+            # Queued only when the loop will take them: a queued point left over
+            # would come out of a later ask() in place of what was queued then.
+            _start_design(prep, study, reporter)
+        if is_fleet:
+            study.set_user_attr(fleet.FleetAttr.READY, fleet.worker_id())
+    elif not cfg.finish:
+        # A worker that joins: the space as the opener shaped it.
+        prep = _shape(prep, study, reporter)
+        study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
+    if not stop_reason and not cfg.finish:
         stop_reason = _sampling_loop(prep, study, reporter, started)
     if stop_reason:
         reporter.note(f"stopped before --trials: {stop_reason}")
+    if is_fleet and not cfg.finish and cfg.pick is None and \
+            not _claim_finish(prep, study, reporter):
+        res = _worker_result(prep, study)
+        res.stop_reason = stop_reason
+        return res
     _confirmation(prep, study, reporter, started)
     res = finish(prep, study)
     res.stop_reason = stop_reason
     return res
 
 
-def _open_study(prep: Prepared) -> optuna.Study:
+def _wait_for_opening(prep: Prepared, study: optuna.Study, reporter: Reporter) -> bool:
+    """A worker that joins a study being opened waits for the baseline and
+    the start design (its space is shaped by the baseline).  When the
+    opener died first (nothing has run for a grace period), one waiting
+    worker takes the opening over; returns whether this one did."""
+    reporter.note("waiting for the study's opening (engine defaults, start design) "
+                  "by the worker that created it")
+    grace = prep.cfg.heartbeat_s * fleet.GRACE_BEATS
+    idle_since = time.monotonic()
+    while study.user_attrs.get(fleet.FleetAttr.READY) is None:
+        fleet.reclaim(study)
+        if fleet.running(study):
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > grace and \
+                fleet.claim(study, f"open-{len(study.get_trials(deepcopy=False))}"):
+            reporter.note("the worker that opened the study is gone: this one "
+                          "completes the opening")
+            return True
+        time.sleep(min(5.0, prep.cfg.heartbeat_s / 2))
+    return False
+
+
+def _claim_finish(prep: Prepared, study: optuna.Study, reporter: Reporter) -> bool:
+    """Whether this worker runs the confirmation and writes the profile:
+    once every running trial has ended, the first to claim it."""
+    while fleet.running(study):
+        fleet.reclaim(study)
+        if not fleet.running(study):
+            break
+        time.sleep(min(5.0, prep.cfg.heartbeat_s / 2))
+    if fleet.claim(study, f"finish-{launched_count(study)}"):
+        return True
+    reporter.note("another worker confirms the top configs and writes the profile "
+                  f"(or run: qtune search --study {prep.study_name} --finish)")
+    return False
+
+
+def _worker_result(prep: Prepared, study: optuna.Study) -> TuneResult:
+    """What a worker that does not finish the study reports: its trials and
+    the best so far, no profile (the finishing worker writes it)."""
+    recs = [TrialRecord.from_frozen(t) for t in ran_trials(study)]
+    return TuneResult(
+        study_name=prep.study_name, storage=prep.storage_url, best=best_trial(study),
+        baseline=next((r for r in recs if r.baseline), None), trials=recs,
+        profile_path=None, profile=None, improvement=None)
+
+
+def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
     """Create the study, or load it to resume (its runs left RUNNING by a
-    killed qtune failed), and record what it is run with."""
+    killed qtune failed), and record what it is run with.  Also whether this
+    process opens it (runs the baseline and queues the start design): on
+    one host always; in a fleet, the worker whose create_study made it (the
+    database makes that atomic on the name), or one resuming an opening."""
     cfg = prep.cfg
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = open_storage(prep.storage_url)
+    is_fleet = fleet.is_fleet(prep.storage_url)
+    storage = open_storage(prep.storage_url,
+                           heartbeat_s=cfg.heartbeat_s if is_fleet else None)
+    # pareto: maximise throughput, minimise the latency percentile.
+    dirs = ({"directions": ["maximize", "minimize"]} if prep.direction == "pareto"
+            else {"direction": prep.direction})
+    sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
+    opener = not cfg.finish
     try:
-        # pareto: maximise throughput, minimise the latency percentile.
-        dirs = ({"directions": ["maximize", "minimize"]} if prep.direction == "pareto"
-                else {"direction": prep.direction})
-        study = optuna.create_study(
-            study_name=prep.study_name,
-            storage=storage,
-            **dirs,
-            sampler=make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials),
-            load_if_exists=True,
-        )
+        if cfg.finish:
+            study = optuna.load_study(study_name=prep.study_name, storage=storage,
+                                      sampler=sampler)
+        else:
+            study = optuna.create_study(study_name=prep.study_name, storage=storage,
+                                        sampler=sampler, load_if_exists=not is_fleet,
+                                        **dirs)
+    except KeyError:
+        raise StudyError(f"--finish: no study {prep.study_name} in "
+                         f"{mask_url(prep.storage_url)}",
+                         hint="--finish confirms and writes the profile of a study "
+                         "its workers ran; run them first") from None
+    except optuna.exceptions.DuplicatedStudyError:
+        # A fleet's study made by another worker: join it.
+        study = optuna.load_study(study_name=prep.study_name, storage=storage,
+                                  sampler=sampler)
+        opener = False
     except ValueError as exc:
         raise StudyError(
             f"study {prep.study_name}: {exc}",
             hint="a resumed study must keep its objective direction",
         ) from None
+    want = (["maximize", "minimize"] if prep.direction == "pareto" else [prep.direction])
+    have = [d.name.lower() for d in study.directions]
+    if have != want:  # create_study checks this only for a study it loads itself
+        raise StudyError(
+            f"study {prep.study_name}: its directions are {have}, this run's {want}",
+            hint="a resumed study must keep its objective direction")
     _check_resume(study, prep)
-    # Journal storage has no heartbeat: trials left RUNNING by a killed qtune
-    # would bias the constant-liar sampler forever.  Fail them on resume.
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study.tell(t.number, state=TrialState.FAIL)
+    if cfg.pick is None:  # a re-pick measures nothing: any host may write it
+        fleet.check_hosts(study, fleet.host_facts(prep.host, prep.ctx.install),
+                          cfg.allow_mixed_hosts, prep.study_name)
+    if is_fleet:
+        # Other workers' trials are RUNNING too: only the stale ones fail.
+        fleet.reclaim(study)
+    else:
+        # Journal storage has no heartbeat: trials left RUNNING by a killed
+        # qtune would bias the constant-liar sampler forever.  Fail them on resume.
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            study.tell(t.number, state=TrialState.FAIL)
     study.set_user_attr(StudyAttr.OBJECTIVE, cfg.objective)
     study.set_user_attr(StudyAttr.WORKLOAD, cfg.workload.to_dict())
     study.set_user_attr(StudyAttr.LEVELS, list(cfg.levels))
@@ -107,7 +231,7 @@ def _open_study(prep: Prepared) -> optuna.Study:
     # What --pick needs to write a profile where the engine is not installed.
     study.set_user_attr(StudyAttr.ENGINE_INSTALL, dataclasses.asdict(prep.ctx.install))
     prep.study_dir.mkdir(parents=True, exist_ok=True)
-    return study
+    return study, opener
 
 
 def _study_info(prep: Prepared) -> dict[str, Any]:
@@ -189,6 +313,7 @@ def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
     dists = distributions(prep.params)
     stop_reason = None
     invalid_run = 0
+    is_fleet = fleet.is_fleet(prep.storage_url)
     while launched_count(study) < cfg.trials:
         if invalid_run >= 25:
             # Every recent proposal was refused without a launch: what is left
@@ -201,25 +326,69 @@ def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
                 study.sampler.is_exhausted(study):
             stop_reason = "every grid point has been tried"
             break
+        if is_fleet:
+            fleet.reclaim(study)
+            if launched_count(study) + fleet.running(study) >= cfg.trials:
+                # The budget is taken by other workers' running trials: wait
+                # for them (one may die, and its trial come back queued).
+                time.sleep(min(5.0, cfg.heartbeat_s / 2))
+                continue
         trial = study.ask(dists)
-        params = {**tidy(trial.params, prep.params), **prep.fixed}
-        violations = prep.engine.check(params, prep.ctx)
-        reason = "invalid_config"
-        learned = _learned_refusal(study, params)
-        if learned and not violations:
-            violations, reason = [learned], "learned_oom"
-        est = estimate_memory(prep, params)
-        if est is not None:
-            trial.set_user_attr(Attr.MEMORY_ESTIMATE, est.as_dict())
-            if not est.fits and cfg.memory_check:
-                violations.append("predicted not to fit: " + est.reason)
-                reason = "predicted_oom"
-        invalid_run = invalid_run + 1 if violations else 0
-        if violations:
-            refuse(study, trial, params, reason, "; ".join(violations), reporter)
-            continue
-        run_trial(prep, study, trial, params, reporter)
+        with _beating(prep, study, trial, reporter):
+            if is_fleet and launched_count(study) + fleet.running(
+                    study, before=trial.number) >= cfg.trials:
+                _give_back(study, trial)  # another worker asked first
+                continue
+            # A trial queued without params (a seed re-run for a dead worker)
+            # carries its launch params.
+            params = trial.user_attrs.get(Attr.LAUNCH_PARAMS) or \
+                {**tidy(trial.params, prep.params), **prep.fixed}
+            violations = prep.engine.check(params, prep.ctx)
+            reason = "invalid_config"
+            learned = _learned_refusal(study, params)
+            if learned and not violations:
+                violations, reason = [learned], "learned_oom"
+            est = estimate_memory(prep, params)
+            if est is not None:
+                trial.set_user_attr(Attr.MEMORY_ESTIMATE, est.as_dict())
+                if not est.fits and cfg.memory_check:
+                    violations.append("predicted not to fit: " + est.reason)
+                    reason = "predicted_oom"
+            invalid_run = invalid_run + 1 if violations else 0
+            if violations:
+                refuse(study, trial, params, reason, "; ".join(violations), reporter)
+                continue
+            run_trial(prep, study, trial, params, reporter)
     return stop_reason
+
+
+@contextlib.contextmanager
+def _beating(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
+             reporter: Reporter) -> Iterator[None]:
+    """Record the worker's host facts on the trial; in a fleet, beat it
+    while it runs, and note which dead worker's trial it re-runs."""
+    for k, v in fleet.trial_attrs(fleet.host_facts(prep.host, prep.ctx.install)).items():
+        trial.set_user_attr(k, v)
+    if not fleet.is_fleet(prep.storage_url):
+        yield
+        return
+    with fleet.beating(study, trial, prep.cfg.heartbeat_s):
+        note = fleet.note_retry(study, trial, prep.cfg.heartbeat_s * fleet.GRACE_BEATS)
+        if note:
+            reporter.note(f"trial {trial.number} {note}")
+        yield
+
+
+def _give_back(study: optuna.Study, trial: optuna.Trial) -> None:
+    """A trial asked past the study-wide budget (two workers asked at once):
+    close it unrun, and queue its point again if it was a queued one."""
+    frozen = study._storage.get_trial(trial._trial_id)
+    queued = "fixed_params" in frozen.system_attrs or "failed_trial" in frozen.system_attrs
+    study.tell(trial, state=TrialState.FAIL)
+    if queued:
+        keep = {k: v for k, v in frozen.user_attrs.items()
+                if k not in (fleet.FleetAttr.WORKER, fleet.FleetAttr.HOST_FACTS)}
+        study.enqueue_trial(dict(frozen.params), user_attrs=keep)
 
 
 def _confirmation(prep: Prepared, study: optuna.Study, reporter: Reporter,
@@ -248,23 +417,27 @@ def _run_unsampled(prep: Prepared, study: optuna.Study, reporter: Reporter,
     queued without params, so that no sampler spends one of its points on it
     (the grid sampler would otherwise assign it a grid cell) or models it;
     its launch params are kept in its attributes."""
-    study.enqueue_trial({}, user_attrs=attrs)
+    if not any(all(t.user_attrs.get(k) == v for k, v in attrs.items())
+               for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
+        # (A fleet's opener that died left this point queued for a retry.)
+        study.enqueue_trial({}, user_attrs={**attrs, Attr.LAUNCH_PARAMS: params})
     trial = study.ask()
     for k, v in attrs.items():
         trial.set_user_attr(k, v)
     if note:
         reporter.note(f"trial {trial.number}: {note}")
-    est = estimate_memory(prep, params)
-    if est is not None:
-        trial.set_user_attr(Attr.MEMORY_ESTIMATE, est.as_dict())
-        if not est.fits and prep.cfg.memory_check:
-            # The engine defaults can be too big for the host (a 70B model
-            # at TP 1): minutes of loading weights only to fail.  Seeds are
-            # filtered before this, so only the baseline gets here.
-            refuse(study, trial, params, "predicted_oom",
-                    "predicted not to fit: " + est.reason, reporter)
-            return
-    run_trial(prep, study, trial, params, reporter)
+    with _beating(prep, study, trial, reporter):
+        est = estimate_memory(prep, params)
+        if est is not None:
+            trial.set_user_attr(Attr.MEMORY_ESTIMATE, est.as_dict())
+            if not est.fits and prep.cfg.memory_check:
+                # The engine defaults can be too big for the host (a 70B model
+                # at TP 1): minutes of loading weights only to fail.  Seeds are
+                # filtered before this, so only the baseline gets here.
+                refuse(study, trial, params, "predicted_oom",
+                       "predicted not to fit: " + est.reason, reporter)
+                return
+        run_trial(prep, study, trial, params, reporter)
 
 
 def _learned_refusal(study: optuna.Study, params: dict[str, Any]) -> str | None:

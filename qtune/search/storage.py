@@ -4,13 +4,18 @@ storage (read-only for ``qtune report`` and ``--pick``)."""
 
 from __future__ import annotations
 
+import time
+import warnings
 from pathlib import Path
+from typing import Any
 
 import optuna
+from sqlalchemy.exc import IntegrityError
 
 from qtune.errors import InputError, StudyError, mask_url, printable
 from qtune.files import check_target
 from qtune.host.installed import EngineInstall
+from qtune.search import fleet
 from qtune.search.config import TuneConfig, check_study_name
 from qtune.search.records import StudyAttr, TrialRecord, TrialStatus
 
@@ -147,11 +152,14 @@ def check_pickable(pick: int, name: str, url: str) -> None:
             else "no trial can be picked yet: run more trials")
 
 
-def open_storage(url: str, *, read_only: bool = False) -> optuna.storages.BaseStorage:
+def open_storage(url: str, *, read_only: bool = False,
+                 heartbeat_s: int | None = None) -> optuna.storages.BaseStorage:
     """Open a storage.  Folders are created only for a journal (the default
     one under studies/; a --storage journal's folder was checked to exist);
     ``read_only`` (report, --pick) creates nothing: the file must exist, and
-    sqlite is opened read-only."""
+    sqlite is opened read-only.  ``heartbeat_s``: a database server shared
+    by workers (``qtune.search.fleet``) gets Optuna's heartbeat and retry of
+    a dead worker's trial."""
     path = storage_path(url)
     if read_only and path is not None and not path.is_file():
         raise StudyError(f"no storage file {printable(str(path))}",
@@ -168,14 +176,36 @@ def open_storage(url: str, *, read_only: bool = False) -> optuna.storages.BaseSt
         if read_only and path is not None:
             # SQLite's own read-only mode: not even a table is created.
             url = f"sqlite:///file:{path.absolute()}?mode=ro&uri=true"
-        # No heartbeat: Optuna runs it only under Study.optimize, and qtune
-        # drives ask/tell; trials a killed run left RUNNING are failed on
-        # resume instead (run_study).  SQLite gets a lock timeout.
-        kwargs = {"connect_args": {"timeout": 20.0}} if url.startswith("sqlite") else {}
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        # No heartbeat on one host: trials a killed run left RUNNING are
+        # failed on resume instead (run_study).  A fleet's workers beat
+        # their trials themselves (fleet.Heartbeat).  SQLite gets a lock timeout.
+        kwargs: dict[str, Any] = (
+            {"connect_args": {"timeout": 20.0}} if url.startswith("sqlite") else {})
+        beat: dict[str, Any] = {}
+        if heartbeat_s is not None and fleet.is_fleet(url):
+            beat = fleet.storage_kwargs(heartbeat_s)
+            fleet.quiet_heartbeat_warning()
+            # A pooled connection is checked before use: a database restarted
+            # between two calls costs a reconnect, not the worker.
+            kwargs["pool_pre_ping"] = True
+        with warnings.catch_warnings():
+            # The heartbeat arguments are "experimental" in Optuna's words:
+            # a warning on every worker's start says nothing to its user.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            for attempt in range(5):
+                try:
+                    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
+                except IntegrityError:
+                    # Workers started together on an empty database race to
+                    # create Optuna's tables (PostgreSQL's IF NOT EXISTS is
+                    # not atomic): the loser finds them made on a retry.
+                    if attempt == 4:
+                        raise
+                    time.sleep(0.5 * (attempt + 1))
+            raise AssertionError("unreachable")
     except Exception as exc:  # sqlalchemy/driver errors vary widely
         raise StudyError(
             f"cannot open storage {mask_url(url)}: {type(exc).__name__}: "
             f"{exc}".splitlines()[0][:300],
-            hint="check the URL; PostgreSQL needs 'pip install psycopg2-binary'",
+            hint="check the URL; PostgreSQL needs its driver: pip install 'qtune[fleet]'",
         ) from None

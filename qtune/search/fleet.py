@@ -1,0 +1,317 @@
+"""One study, many workers: what a worker on a database server storage
+(PostgreSQL, MySQL) does that a single qtune on its journal does not.
+
+Optuna is the distributed engine; qtune adds only what ask/tell needs of it:
+
+- heartbeats: Optuna beats only inside ``Study.optimize``; qtune drives
+  ask/tell, so a worker beats its trial from a thread of its own
+  (``Heartbeat``) and fails stale trials itself (``reclaim``), whose
+  storage callback (``RetryFailedTrialCallback``) queues them again;
+- claims: the steps that must happen once per study (the opening: baseline,
+  seeds, start design; the finish: confirmation and profile) go to the
+  worker whose ``create_study`` of a marker study succeeds, which the
+  database makes atomic on the study name;
+- the budget: trials launched or running anywhere count, not this process's;
+- host facts: every trial records the worker's accelerator and engine, and
+  a study refuses a worker whose differ (``check_hosts``);
+- ``--gpus``: a worker's own GPUs, locked on the host so that two workers
+  never share one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import inspect
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from qtune.errors import InputError, StudyError, mask_url
+from qtune.host import HostFacts
+
+
+class FleetAttr:
+    """Keys a fleet adds to a trial's and a study's user attributes."""
+
+    # trial
+    WORKER = "worker"  # "host:pid" of the worker that ran it
+    HOST_FACTS = "host_facts"  # the worker's accelerator and engine
+    RETRY_OF = "retry_of"  # the trial a dead worker left, re-run here
+    RETRY_REASON = "retry_reason"
+    # study
+    STUDY_HOST_FACTS = "fleet_host_facts"
+    STARTED_AT = "fleet_started_at"  # wall clock: the study-wide time budget
+    READY = "fleet_ready"  # the opening (baseline, seeds, design) is done
+
+
+# Trials last minutes (60-220 s of GPU start alone): a beat a minute, and a
+# trial is stale after five missed ones, so a slow database call or a
+# paused VM does not fail a live trial.
+HEARTBEAT_S = 60
+GRACE_BEATS = 5
+# A retried trial that kills its worker again is a config problem, not a
+# host one: two retries, then it stays failed.
+MAX_RETRY = 2
+
+
+def is_fleet(url: str) -> bool:
+    """A database server storage: the one kind several hosts can share
+    (SQLite and the journal are files on one host)."""
+    scheme = url.partition("://")[0].partition("+")[0]
+    return scheme in ("postgresql", "postgres", "mysql")
+
+
+def storage_kwargs(heartbeat_s: int) -> dict[str, Any]:
+    """RDBStorage's heartbeat arguments for a fleet study."""
+    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) \
+        or optuna.storages.RetryFailedTrialCallback
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # experimental in some 4.x releases
+        callback = retry(max_retry=MAX_RETRY)
+    # Optuna 5 renamed the argument (the old name warns); 4.x knows only it.
+    params = inspect.signature(optuna.storages.RDBStorage).parameters
+    key = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in params
+           else "failed_trial_callback")
+    return {"heartbeat_interval": heartbeat_s, "grace_period": heartbeat_s * GRACE_BEATS,
+            key: callback}
+
+
+def quiet_heartbeat_warning() -> None:
+    # Optuna warns at every ask() that its heartbeat is meant for optimize();
+    # a worker runs the beat itself (Heartbeat).
+    warnings.filterwarnings("ignore", message="Heartbeat of storage")
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def host_facts(host: HostFacts, install: Any) -> dict[str, str]:
+    """What a trial's numbers depend on beyond its config: the accelerator
+    (GPU model and count, or the CPU model and its CPUs) and the engine."""
+    names = sorted({g.name for g in host.gpus})
+    if names:
+        accel = f"{len(host.gpus)}x {' + '.join(names)}"
+    else:
+        accel = f"cpu {host.cpu.model} ({len(host.usable_cpus)} CPUs)"
+    return {"accelerator": accel,
+            "engine": f"{install.name} {install.version} ({install.build})"}
+
+
+def check_hosts(study: optuna.Study, facts: dict[str, str], allow_mixed: bool,
+                name: str) -> None:
+    """Refuse a worker whose host facts differ from the study's: its
+    trials would be compared with trials measured on other hardware or
+    another engine.  The first worker's facts are the study's."""
+    stored = study.user_attrs.get(FleetAttr.STUDY_HOST_FACTS)
+    if not isinstance(stored, dict):
+        study.set_user_attr(FleetAttr.STUDY_HOST_FACTS, facts)
+        return
+    diff = [f"{k} {stored.get(k)!r} here {facts[k]!r}" for k in sorted(facts)
+            if stored.get(k) != facts[k]]
+    if diff and not allow_mixed:
+        raise StudyError(
+            f"study {name} was measured with other host facts ("
+            + "; ".join(d.replace(" here ", ", this worker has ", 1) for d in diff)
+            + "): its trials would not compare with this worker's",
+            hint="run this worker on a host like the study's, use a new --study, or "
+            "pass --allow-mixed-hosts to mix them knowingly")
+
+
+def trial_attrs(facts: dict[str, str]) -> dict[str, Any]:
+    return {FleetAttr.WORKER: worker_id(), FleetAttr.HOST_FACTS: facts}
+
+
+def note_retry(study: optuna.Study, trial: optuna.Trial, grace_s: int) -> str | None:
+    """A trial re-queued because its worker died: record which trial it
+    re-runs and why that one failed; the note for the reporter."""
+    frozen = study._storage.get_trial(trial._trial_id)
+    retry_of = frozen.system_attrs.get("failed_trial")
+    if retry_of is None:
+        return None
+    dead = study._storage.get_trial(
+        study._storage.get_trial_id_from_study_id_trial_number(study._study_id, retry_of))
+    who = dead.user_attrs.get(FleetAttr.WORKER, "a worker")
+    why = (f"worker {who} stopped beating (no heartbeat for {grace_s} s): killed, "
+           "or cut off from the database")
+    trial.set_user_attr(FleetAttr.RETRY_OF, retry_of)
+    trial.set_user_attr(FleetAttr.RETRY_REASON, why)
+    return f"re-runs trial {retry_of}: {why}"
+
+
+def reclaim(study: optuna.Study) -> None:
+    """Fail the trials of workers that stopped beating; the storage's retry
+    callback queues each again."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optuna.storages.fail_stale_trials(study)
+
+
+def running(study: optuna.Study, before: int | None = None) -> int:
+    """Trials running anywhere (with ``before``: those numbered lower)."""
+    return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+               if before is None or t.number < before)
+
+
+def claim(study: optuna.Study, what: str) -> bool:
+    """Whether this worker is the one to do ``what`` for the study: the
+    first to create the marker study of that name (atomic in the database).
+    '~' is outside --study's alphabet: no user's study can take the name."""
+    name = f"{study.study_name}~{what}"
+    try:
+        optuna.create_study(study_name=name, storage=study._storage)
+    except optuna.exceptions.DuplicatedStudyError:
+        return False
+    return True
+
+
+def started_at(study: optuna.Study) -> float:
+    """The study's start, as a time.monotonic() of this process (the study
+    keeps the wall clock; hosts' clocks are assumed close)."""
+    wall = study.user_attrs.get(FleetAttr.STARTED_AT)
+    if not isinstance(wall, (int, float)):
+        wall = time.time()
+        study.set_user_attr(FleetAttr.STARTED_AT, wall)
+    return time.monotonic() - (time.time() - float(wall))
+
+
+class Heartbeat:
+    """Beat a running trial from a thread.  A database that stays out of
+    reach for half the grace period (other workers would fail the trial
+    soon after) is lost: the main thread is interrupted (SIGINT, which
+    unwinds through the server's ``with`` and stops it) and ``lost`` says
+    why, for the one error line."""
+
+    def __init__(self, storage: Any, trial_id: int, interval: float, grace: float) -> None:
+        self.storage, self.trial_id = storage, trial_id
+        self.interval, self.grace = interval, grace
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="qtune-heartbeat")
+
+    def __enter__(self) -> Heartbeat:
+        self.storage.record_heartbeat(self.trial_id)  # at once: a trial with no beat is never stale
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        ok_at = time.monotonic()
+        while not self._stop.wait(min(self.interval, self.grace / 4)):
+            try:
+                self.storage.record_heartbeat(self.trial_id)
+                ok_at = time.monotonic()
+            except Exception as exc:  # the driver's errors vary
+                if time.monotonic() - ok_at > self.grace / 2:
+                    self.lost = f"no heartbeat reached it for {time.monotonic() - ok_at:.0f} s " \
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+                    _LOST.append(self.lost)
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+
+
+_LOST: list[str] = []  # why the database was lost (set by a Heartbeat)
+
+
+@contextlib.contextmanager
+def beating(study: optuna.Study, trial: optuna.Trial, heartbeat_s: int) -> Iterator[None]:
+    with Heartbeat(study._storage, trial._trial_id, heartbeat_s,
+                   heartbeat_s * GRACE_BEATS):
+        yield
+
+
+def lost_reason() -> str | None:
+    return _LOST[-1] if _LOST else None
+
+
+def lost_database(url: str, detail: str) -> StudyError:
+    return StudyError(
+        f"lost the study's database {mask_url(url)}: {detail}; this worker's server "
+        "is stopped",
+        hint="start this worker again once the database answers: it rejoins the study, "
+        "and its unfinished trial is re-queued once its heartbeat is stale")
+
+
+# -- GPUs --------------------------------------------------------------------
+
+_HELD: list[Any] = []  # open lock files: held for the worker's life
+
+
+def pin_gpus(host: HostFacts, spec: str | None) -> HostFacts:
+    """``--gpus 0,1`` (indices; one index: ``--gpus 1,``) or ``--gpus 2`` (a
+    count of free ones): lock
+    them on this host for this worker's life, make them the only ones its
+    servers see (CUDA_VISIBLE_DEVICES, which every launch inherits) and the
+    only ones the space is built for."""
+    import dataclasses
+
+    if spec is None:
+        return host
+    if not host.gpus:
+        raise InputError("--gpus: this host has no NVIDIA GPU",
+                         hint="leave --gpus out on a CPU host")
+    by_index = {g.index: g for g in host.gpus}
+    wanted: list[int] | None = None
+    count = None
+    text = spec.strip()
+    if "," in text or not text.isdigit():
+        try:
+            wanted = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise InputError(f"--gpus {spec!r}: not a GPU list or count",
+                             hint="e.g. --gpus 0,1 (indices) or --gpus 2 (a count)") from None
+        unknown = [i for i in wanted if i not in by_index]
+        if unknown or not wanted or len(set(wanted)) != len(wanted):
+            raise InputError(f"--gpus {spec}: GPUs of this host are "
+                             + ",".join(map(str, sorted(by_index))),
+                             hint="name each GPU once, by its nvidia-smi index")
+    else:
+        count = int(text)
+        if not 1 <= count <= len(host.gpus):
+            raise InputError(f"--gpus {count}: this host has {len(host.gpus)} GPUs",
+                             hint=f"ask for 1 to {len(host.gpus)}")
+    got: list[int] = []
+    for idx in (wanted if wanted is not None else sorted(by_index)):
+        if count is not None and len(got) == count:
+            break
+        if _lock_gpu(by_index[idx].uuid or str(idx)):
+            got.append(idx)
+        elif wanted is not None:
+            raise InputError(f"--gpus: GPU {idx} is held by another qtune worker on "
+                             "this host", hint="give each worker its own GPUs")
+    if count is not None and len(got) < count:
+        raise InputError(f"--gpus {count}: only {len(got)} GPUs are free of other "
+                         "qtune workers on this host", hint="ask for fewer, or wait")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(by_index[i].uuid or str(i) for i in got)
+    gpu = dataclasses.replace(host.gpu, gpus=[by_index[i] for i in got])
+    return dataclasses.replace(host, gpu=gpu)
+
+
+def _lock_gpu(key: str) -> bool:
+    """A per-GPU lock file under the temp dir, held until this process ends
+    (the kernel drops it then, even on SIGKILL)."""
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in key)
+    path = Path(tempfile.gettempdir()) / f"qtune-gpu-{safe}.lock"
+    f = open(path, "a+")  # noqa: SIM115 - held for the process's life
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        return False
+    _HELD.append(f)
+    return True
