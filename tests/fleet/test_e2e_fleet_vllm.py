@@ -45,7 +45,14 @@ def servers_of(pid: int) -> list[psutil.Process]:
         kids = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         return []
-    return [k for k in kids if "vllm.entrypoints" in " ".join(k.cmdline())]
+    out = []
+    for k in kids:
+        try:  # a child may exit (or be a zombie) between the listing and this read
+            if "vllm.entrypoints" in " ".join(k.cmdline()):
+                out.append(k)
+        except psutil.Error:
+            pass
+    return out
 
 
 def test_two_workers_one_killed_mid_trial(postgres, tmp_path):
