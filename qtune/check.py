@@ -25,8 +25,6 @@ from __future__ import annotations
 import dataclasses
 import random
 import statistics
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +39,7 @@ from qtune.bench import (
 from qtune.engines import ENGINES
 from qtune.errors import InputError, mask_url
 from qtune.launch import RunningConfig
-from qtune.load.http import split_auth
+from qtune.load.http import request_bytes
 from qtune.load.workload import Workload
 from qtune.metrics import metric_value
 from qtune.objectives import get_objective, lower_is_better, parse_slo
@@ -54,13 +52,10 @@ THROUGHPUT_NOISE = 0.05
 REPORT_BYTES = 4 << 20  # a /metrics page of a busy DP server is ~1 MB
 
 
-def _get(url: str, timeout: float = 10) -> str | None:
-    bare, headers = split_auth(url)
+def _get(url: str) -> str | None:
     try:
-        req = urllib.request.Request(bare, headers=headers)
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return str(r.read(REPORT_BYTES).decode("utf-8", "replace"))
-    except (OSError, ValueError, urllib.error.HTTPError):
+        return request_bytes(url, limit=REPORT_BYTES).decode("utf-8", "replace")
+    except (OSError, ValueError):  # HTTPError is an OSError
         return None
 
 

@@ -61,7 +61,7 @@ def autoscaler(profile: Profile, name: str, max_replicas: int) -> tuple[dict[str
                          hint="tune with --objective capacity, or any objective at a "
                          "fixed --rate")
     value, source = cap
-    matcher, counter = model_matcher(profile)
+    matcher, counter = model_matcher(profile, "kubernetes --autoscale")
     start = int(math.ceil(float(profile.metrics.get("startup_s") or 0)))
     per_pod = value * CAPACITY_SHARE
     settle = min(3600, max(start, 60))

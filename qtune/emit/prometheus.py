@@ -83,21 +83,14 @@ def capacity(profile: Profile) -> tuple[float, str] | None:
     return None
 
 
-def model_matcher(profile: Profile) -> tuple[str, str]:
-    """(``{model_label="served"}`` or "", the request counter's name) for
-    a profile whose engine qtune knows."""
-    engine = ENGINES.get(profile.engine.name)
-    names = engine.metric_names() if engine is not None else None
-    if names is None:
-        raise InputError(f"qtune knows no metric names for engine {profile.engine.name!r}",
-                         hint="available engines: " + ", ".join(sorted(ENGINES)))
-    served = str(profile.model.get("served_name") or profile.model.get("id") or "")
-    sel = (f"{{{names.model_label}={promql_string(served)}}}"
-           if names.model_label and served else "")
-    if names.request_success is None:
+def model_matcher(profile: Profile, fmt: str) -> tuple[str, str]:
+    """(``{model_label="served"}`` or "", the completed-request counter's
+    name) for a profile whose engine qtune knows."""
+    sig = signals(profile, fmt)
+    if sig.names.request_success is None:
         raise InputError(f"the {profile.engine.name} adapter names no completed-request "
                          "counter", hint="scale on another signal by hand")
-    return sel, names.request_success
+    return sig.sel, sig.names.request_success
 
 
 def _preemptions_note(profile: Profile) -> str:

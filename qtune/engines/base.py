@@ -33,7 +33,7 @@ from qtune.model import ModelInfo, cache_dir
 
 __all__ = [
     "CacheVolume", "CommandWords", "Engine", "Failure", "FixedArgs", "LaunchSpec", "LoadView",
-    "MetricNames", "Param", "RunningConfig", "SpaceContext", "classify_by_patterns",
+    "MetricNames", "Param", "RunningConfig", "int_flag", "SpaceContext", "classify_by_patterns",
 ]
 
 
@@ -323,6 +323,13 @@ class Engine(abc.ABC):
         if not isinstance(text, str):
             raise ValueError("choices[0].text is not text")
         return text
+
+
+def int_flag(argv: Sequence[str], flag: str) -> int | None:
+    """The value of ``flag`` in a launch command, when it is set there."""
+    if flag in argv[:-1]:
+        return int(argv[list(argv).index(flag) + 1])
+    return None
 
 
 def engine_json(install: EngineInstall, cache_name: str, script: str,

@@ -37,6 +37,7 @@ from qtune.engines.base import (
     SpaceContext,
     classify_by_patterns,
     engine_json,
+    int_flag,
 )
 from qtune.host.installed import EngineInstall
 
@@ -160,9 +161,7 @@ class SGLang(Engine):
         return ("/flush_cache",)
 
     def max_model_len(self, argv: Sequence[str]) -> int | None:
-        if "--context-length" in argv[:-1]:
-            return int(argv[list(argv).index("--context-length") + 1])
-        return None
+        return int_flag(argv, "--context-length")
 
     def image(self, build: str, version: str) -> str | None:
         return _IMAGE.format(version=version.split("+")[0]) if build == "cuda" else None

@@ -34,6 +34,7 @@ from qtune.engines.base import (
     Param,
     SpaceContext,
     classify_by_patterns,
+    int_flag,
 )
 from qtune.host.installed import EngineInstall
 
@@ -156,9 +157,7 @@ class TGI(Engine):
         return _METRICS
 
     def max_model_len(self, argv: Sequence[str]) -> int | None:
-        if "--max-total-tokens" in argv[:-1]:
-            return int(argv[list(argv).index("--max-total-tokens") + 1])
-        return None
+        return int_flag(argv, "--max-total-tokens")
 
     def image(self, build: str, version: str) -> str | None:
         pattern = _IMAGES.get(build)

@@ -36,6 +36,7 @@ from qtune.engines.base import (
     RunningConfig,
     SpaceContext,
     classify_by_patterns,
+    int_flag,
 )
 from qtune.engines.vllm_args import engine_args
 from qtune.estimate import Estimate, GiB, estimate_cpu, estimate_gpu
@@ -264,9 +265,7 @@ class VLLM(Engine):
         return ("/reset_prefix_cache",)
 
     def max_model_len(self, argv: Sequence[str]) -> int | None:
-        if "--max-model-len" in argv[:-1]:
-            return int(argv[list(argv).index("--max-model-len") + 1])
-        return None
+        return int_flag(argv, "--max-model-len")
 
     def image(self, build: str, version: str) -> str | None:
         pattern = _IMAGES.get(build)

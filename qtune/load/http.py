@@ -29,9 +29,10 @@ def split_auth(url: str) -> tuple[str, dict[str, str]]:
     return bare, {"Authorization": f"Basic {token}"}
 
 
-def request_json(url: str, body: dict[str, Any] | None = None, *,
-                 timeout: float = 10) -> Any:
-    """GET ``url`` (POST ``body`` as JSON when given) and parse the answer."""
+def request_bytes(url: str, body: dict[str, Any] | None = None, *, timeout: float = 10,
+                  limit: int = -1) -> bytes:
+    """GET ``url`` (POST ``body`` as JSON when given); at most ``limit`` bytes
+    of the answer (-1: all)."""
     bare, headers = split_auth(url)
     data = None
     if body is not None:
@@ -40,4 +41,10 @@ def request_json(url: str, body: dict[str, Any] | None = None, *,
     req = urllib.request.Request(bare, data=data, headers=headers,
                                  method="POST" if body is not None else "GET")
     with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+        return bytes(r.read(limit))
+
+
+def request_json(url: str, body: dict[str, Any] | None = None, *,
+                 timeout: float = 10) -> Any:
+    """GET ``url`` (POST ``body`` as JSON when given) and parse the answer."""
+    return json.loads(request_bytes(url, body, timeout=timeout))
