@@ -78,7 +78,13 @@ def main() -> int:
                     "--served-model and --tokenizer")
     ap.add_argument("--served-model")
     ap.add_argument("--tokenizer")
+    ap.add_argument("--at", type=float, help="skip the capacity search: cross-check "
+                    "this rate (a capacity a study reported), over --at-requests")
+    ap.add_argument("--at-requests", type=int, default=0,
+                    help="with --at: requests per client (twice the study's longest probe)")
     a = ap.parse_args()
+    if a.at is not None and a.at_requests <= 0:
+        ap.error("--at needs --at-requests > 0")
 
     work = Path(tempfile.mkdtemp(prefix="qtune-capacity-"))
     out: dict[str, Any] = {"params": json.loads(a.params)}
@@ -95,24 +101,29 @@ def main() -> int:
         if srv is not None:
             out["startup_s"] = srv.wait_ready(a.startup_timeout)
             print(f"ready after {out['startup_s']:.0f} s", flush=True)
-        cap = qtune_bench(url, model, tok, "--find-capacity", "--slo", a.slo,
-                          "--rate", str(a.rate), "--requests", str(a.requests),
-                          "--warmup", str(a.warmup), "--input-len", str(a.input_len),
-                          "--output-len", str(a.output_len), "--capacity-window",
-                          str(a.capacity_window))["capacity"]
-        out["capacity"] = cap
-        for st in cap["steps"]:
-            print(f"  probe {st['load']:g} req/s: {'held' if st['ok'] else 'no'} "
-                  f"({st['why']}); {st['requests']} requests, served "
-                  f"{(st.get('served_share') or 0) * st['load']:.2f} req/s, prefix hits "
-                  f"{st.get('prefix_cache_hit_rate')}", flush=True)
-        if not cap.get("found"):
-            print(f"no capacity: {cap.get('reason')}")
-            return 1
-        rate = cap["value"]
-        n = 2 * max(st["requests"] for st in cap["steps"])
-        print(f"capacity {rate:g} req/s ({cap.get('decided')}); cross-check over {n} "
-              "requests with fresh prompts", flush=True)
+        if a.at is not None:  # the capacity came from a study (its profile)
+            rate, n = a.at, a.at_requests
+            print(f"capacity {rate:g} req/s (given); cross-check over {n} requests with "
+                  "fresh prompts", flush=True)
+        else:
+            cap = qtune_bench(url, model, tok, "--find-capacity", "--slo", a.slo,
+                              "--rate", str(a.rate), "--requests", str(a.requests),
+                              "--warmup", str(a.warmup), "--input-len", str(a.input_len),
+                              "--output-len", str(a.output_len), "--capacity-window",
+                              str(a.capacity_window))["capacity"]
+            out["capacity"] = cap
+            for st in cap["steps"]:
+                print(f"  probe {st['load']:g} req/s: {'held' if st['ok'] else 'no'} "
+                      f"({st['why']}); {st['requests']} requests, served "
+                      f"{(st.get('served_share') or 0) * st['load']:.2f} req/s, prefix "
+                      f"hits {st.get('prefix_cache_hit_rate')}", flush=True)
+            if not cap.get("found"):
+                print(f"no capacity: {cap.get('reason')}")
+                return 1
+            rate = cap["value"]
+            n = 2 * max(st["requests"] for st in cap["steps"])
+            print(f"capacity {rate:g} req/s ({cap.get('decided')}); cross-check over {n} "
+                  "requests with fresh prompts", flush=True)
         reset_cache(url)
         v = vllm_bench(a, url, model, tok, rate, n, 777, work)
         q = qtune_bench(url, model, tok, "--rate", str(rate), "--requests", str(n),
