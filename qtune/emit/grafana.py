@@ -84,9 +84,9 @@ def _panel(title: str, description: str, unit: str,
                      .placement(cm.LegendPlacement.BOTTOM).show_legend(True))
              .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI)
                       .sort(cm.SortOrder.NONE)))
-    for ref, (expr, legend) in zip("ABCDEFGH", queries, strict=False):
-        panel.with_target(pb.Dataquery().expr(expr).legend_format(legend).ref_id(ref)
-                          .range().datasource(_DS))
+    for i, (expr, legend) in enumerate(queries):
+        panel.with_target(pb.Dataquery().expr(expr).legend_format(legend)
+                          .ref_id(chr(ord("A") + i)).range().datasource(_DS))
     return panel
 
 

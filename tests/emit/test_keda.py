@@ -6,6 +6,7 @@ and its trigger's query accepted by the real ``promtool``."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -127,3 +128,24 @@ def test_no_measured_rate_no_scaledobject():
                                                  "best": 1.0, "baseline": 2.0}})
     with pytest.raises(InputError, match="no measured rate"):
         emit(prof, "kubernetes", autoscale="keda")
+
+
+def test_cli_emits_both_new_formats(tmp_path, monkeypatch, capsys):
+    """Through ``qtune emit`` as the console script runs it: --prometheus-url
+    reaches the trigger, --format grafana prints the dashboard."""
+    from tests.emit.test_hostile import run_emit
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(_capacity_profile().model_dump(mode="json")))
+    rc, out, _ = run_emit([str(path), "--format", "kubernetes", "--autoscale", "keda",
+                           "--prometheus-url", "https://prom.example:9090"], monkeypatch,
+                          capsys)
+    assert rc == 0
+    so = scaled_object(out)
+    crd_validator().validate(so)
+    assert so["spec"]["triggers"][0]["metadata"]["serverAddress"] == \
+        "https://prom.example:9090"
+    rc, out, _ = run_emit([str(path), "--format", "grafana", "--json"], monkeypatch, capsys)
+    assert rc == 0
+    board = json.loads(json.loads(out)["text"])
+    assert board["title"] == "qtune: tiny-test (tiny)"
