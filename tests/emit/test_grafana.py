@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from qtune.emit import emit
 from qtune.emit.grafana import uid
 from qtune.emit.prometheus import promql_string
+from qtune.engines import ENGINES
 from tests.emit.test_prometheus import _profile, _promtool
 from tests.fakes.profile import sample_profile
 
@@ -219,3 +220,20 @@ def test_hostile_served_name_is_one_matcher(tmp_path, evil):
                "vector(1)" not in e.replace(promql_string(evil), "")
                for e in exprs(board).values())
     assert board["title"] == f"qtune: tiny-slo ({evil})"
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_every_engine_gets_a_valid_dashboard_of_what_it_exports(tmp_path, engine):
+    """Panels only for the series the engine's adapter names (TGI has no
+    KV-cache gauge, SGLang no histograms here): none drawn on nothing."""
+    board = json.loads(emit(_profile(engine={"name": engine, "version": "1.0",
+                                             "build": "cuda"}), "grafana"))
+    validate(board)
+    promtool_check(tmp_path, board)
+    names = ENGINES[engine].metric_names()
+    assert names is not None
+    titles = set(by_title(board))
+    assert ("KV-cache use (fullest replica)" in titles) == (names.kv_cache_usage is not None)
+    assert ("Time to first token (TTFT)" in titles) == (names.ttft_seconds is not None)
+    assert ("Completed requests per second" in titles) == \
+        (names.request_success is not None)
