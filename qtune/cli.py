@@ -626,10 +626,13 @@ def emit(
         help="Container image for compose/kubernetes (default: the engine's "
              "published image at the tuned version).")] = None,
     autoscale: Annotated[str | None, typer.Option(
-        help="kubernetes: add an autoscaler (hpa) on completed requests per pod at 80% "
-             "of the profile's measured rate.")] = None,
+        help="kubernetes: add an autoscaler (hpa, or a KEDA ScaledObject: keda) on "
+             "completed requests per pod at 80% of the profile's measured rate.")] = None,
     max_replicas: Annotated[int, typer.Option(
         min=1, max=1000, help="kubernetes --autoscale: most replicas.")] = 4,
+    prometheus_url: Annotated[str | None, typer.Option(
+        help="kubernetes --autoscale keda: the Prometheus KEDA asks (default: "
+             "the Prometheus Operator's prometheus-operated Service).")] = None,
     force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
@@ -642,7 +645,7 @@ def emit(
     if output is not None:  # before the profile is read
         check_target(output, "-o", force=force)
     prof = Profile.load(profile)
-    text = do_emit(prof, format, image, autoscale, max_replicas)
+    text = do_emit(prof, format, image, autoscale, max_replicas, prometheus_url)
     warnings = _provenance(prof)
     for w in warnings:
         console.warn(f"this host differs from the one the profile was tuned on: {w}")

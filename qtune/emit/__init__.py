@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from qtune.emit import compose, kubernetes, prometheus
+from qtune.emit import compose, grafana, kubernetes, prometheus
 from qtune.emit.systemd import render as render_systemd
 from qtune.errors import InputError
 from qtune.profile import Profile
 
 EMITTERS: dict[str, Callable[[Profile], str]] = {
-    "systemd": render_systemd, "prometheus-rules": prometheus.render}
+    "systemd": render_systemd, "prometheus-rules": prometheus.render,
+    "grafana": grafana.render}
 # Formats that run the engine's published image (--image overrides it).
 CONTAINER_EMITTERS: dict[str, Callable[[Profile, str | None], str]] = {
     "compose": compose.render,
@@ -19,12 +20,16 @@ CONTAINER_EMITTERS: dict[str, Callable[[Profile, str | None], str]] = {
 
 
 def emit(profile: Profile, fmt: str, image: str | None = None,
-         autoscale: str | None = None, max_replicas: int = 4) -> str:
+         autoscale: str | None = None, max_replicas: int = 4,
+         prometheus_url: str | None = None) -> str:
     if autoscale is not None and fmt != "kubernetes":
         raise InputError(f"--autoscale: the {fmt} format has no autoscaler",
                          hint="--autoscale is for --format kubernetes")
+    if prometheus_url is not None and autoscale != "keda":
+        raise InputError("--prometheus-url: only KEDA's trigger asks Prometheus",
+                         hint="use it with --format kubernetes --autoscale keda")
     if fmt == "kubernetes":
-        return kubernetes.render(profile, image, autoscale, max_replicas)
+        return kubernetes.render(profile, image, autoscale, max_replicas, prometheus_url)
     if fmt in CONTAINER_EMITTERS:
         return CONTAINER_EMITTERS[fmt](profile, image)
     if fmt not in EMITTERS:

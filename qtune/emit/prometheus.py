@@ -24,7 +24,6 @@ rules`` and ``promtool test rules`` in the tests.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -49,16 +48,33 @@ KV_FULL = 0.95
 
 _HIST = {"ttft": "ttft_seconds", "tpot": "tpot_seconds", "itl": "itl_seconds",
          "e2e": "e2e_seconds"}
-_WHAT = {"ttft": "time to first token", "tpot": "time per output token",
+LATENCY_WHAT = {"ttft": "time to first token", "tpot": "time per output token",
          "itl": "inter-token latency", "e2e": "end-to-end latency"}
-_QUANTILE = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 
 
 def promql_string(text: str) -> str:
-    """A PromQL double-quoted string literal for ``text``: PromQL reads Go's
-    escapes, of which JSON's are a subset (``\\"``, ``\\\\``, ``\\n``,
-    ``\\uXXXX``), so no value can close the matcher early."""
-    return json.dumps(text)
+    """A PromQL double-quoted string literal for ``text``, read back as
+    ``text`` by Prometheus' lexer (Go's escapes): ``"`` and ``\\`` escaped,
+    so no value can close the matcher early; anything not printable (line
+    breaks, controls, format characters) as ``\\uXXXX``/``\\UXXXXXXXX``,
+    so the literal stays one line.  Printable non-ASCII stays as it is:
+    JSON's ``\\ud800\\udc00`` surrogate pairs are invalid code points to
+    Prometheus, which refused the rules for a name such as U+10000."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if 0xD800 <= code <= 0xDFFF:
+            raise InputError("a served model name holds a lone UTF-16 surrogate, "
+                             "which no Prometheus label can hold",
+                             hint="fix model.served_name in the profile")
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
 
 
 def _rule_id(text: str) -> str:
@@ -121,8 +137,9 @@ def latency_targets(profile: Profile) -> list[tuple[SLO, str]]:
 
 @dataclass(frozen=True)
 class Signals:
-    """The engine's series for one profile's served model, as PromQL (the
-    alert rules and the Grafana dashboard draw on the same)."""
+    """The engine's series for one profile's served model, as PromQL: the
+    one home of the expressions the alert rules, the Grafana dashboard
+    (``qtune.emit.grafana``) and the KEDA trigger draw on."""
 
     names: MetricNames
     served: str
@@ -133,10 +150,29 @@ class Signals:
         keep = [*extra, *([self.label] if self.label else [])]
         return f" by ({', '.join(keep)})" if keep else ""
 
+    def per_second(self, counter: str | None) -> str | None:
+        """A counter's rate over RATE_WINDOW, summed over replicas."""
+        return (f"sum{self.by()} (rate({counter}_total{self.sel}[{RATE_WINDOW}]))"
+                if counter else None)
+
     def rate(self) -> str | None:
-        c = self.names.request_success
-        return (f"sum{self.by()} (rate({c}_total{self.sel}[{RATE_WINDOW}]))"
-                if c else None)
+        """Completed requests per second."""
+        return self.per_second(self.names.request_success)
+
+    def total(self, gauge: str | None) -> str | None:
+        """A gauge summed over replicas (requests running or waiting)."""
+        return f"sum{self.by()} ({gauge}{self.sel})" if gauge else None
+
+    def peak(self, gauge: str | None) -> str | None:
+        """A gauge's highest replica (KV-cache use is per engine: a sum over
+        replicas would pass 100%)."""
+        return f"max{self.by()} ({gauge}{self.sel})" if gauge else None
+
+    def prefix_hit_rate(self) -> str | None:
+        """Share of prompt tokens the prefix cache served over RATE_WINDOW."""
+        hits = self.per_second(self.names.prefix_cache_hits)
+        queries = self.per_second(self.names.prefix_cache_queries)
+        return f"{hits} / {queries}" if hits and queries else None
 
     def latency(self, slo: SLO) -> str | None:
         """The SLO term's statistic, in seconds, over RATE_WINDOW."""
@@ -147,7 +183,7 @@ class Signals:
         if stat == "mean":
             return (f"sum{self.by()} (rate({hist}_sum{self.sel}[{RATE_WINDOW}])) / "
                     f"sum{self.by()} (rate({hist}_count{self.sel}[{RATE_WINDOW}]))")
-        return (f"histogram_quantile({_QUANTILE[stat]}, sum{self.by('le')} "
+        return (f"histogram_quantile({QUANTILES[stat]}, sum{self.by('le')} "
                 f"(rate({hist}_bucket{self.sel}[{RATE_WINDOW}])))")
 
 
@@ -197,7 +233,7 @@ def rules(profile: Profile) -> dict[str, Any]:
         limit_s = slo.limit / 1000.0
         alert(f"{metric.upper()}{stat.upper()}OverSLO", f"{record}{sel} > {limit_s:g}",
               SUSTAIN, "page",
-              f"{_WHAT[metric]} {stat} over {slo.limit:g} ms for {SUSTAIN} "
+              f"{LATENCY_WHAT[metric]} {stat} over {slo.limit:g} ms for {SUSTAIN} "
               f"({served or profile.name})", source)
 
     cap = capacity(profile)
