@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from qtune.emit import compose, grafana, kubernetes, prometheus
+from qtune.emit import compose, grafana, host, kubernetes, prometheus
 from qtune.emit.systemd import render as render_systemd
 from qtune.errors import InputError
 from qtune.profile import Profile
 
 EMITTERS: dict[str, Callable[[Profile], str]] = {
     "systemd": render_systemd, "prometheus-rules": prometheus.render,
-    "grafana": grafana.render}
+    "grafana": grafana.render, "host": host.render}
 # Formats that run the engine's published image (--image overrides it).
 CONTAINER_EMITTERS: dict[str, Callable[[Profile, str | None], str]] = {
     "compose": compose.render,

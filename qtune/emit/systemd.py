@@ -23,6 +23,8 @@ import re
 
 from qtune.emit.common import one_line, start_timeout, summary_lines
 from qtune.errors import InputError
+from qtune.host.cpubind import bind_cpus
+from qtune.host.sysfs import format_cpulist, parse_cpulist
 from qtune.profile import Profile
 
 _NEEDS_QUOTES = re.compile(r"[\s\"'\\]")
@@ -121,11 +123,58 @@ def render(profile: Profile) -> str:
     if place.get("numa_node") is not None:
         # Threads and memory on the node next to the GPU (or one node for
         # CPU serving): remote memory costs bandwidth on every step.
+        cpus, node = _placement_values(place)
         lines += [comment(f"NUMA: {place.get('why', '')}"),
-                  f"CPUAffinity={place['cpus']}",
+                  *_thread_binding(profile, cpus),
+                  f"CPUAffinity={cpus}",
                   "NUMAPolicy=bind",
-                  f"NUMAMask={place['numa_node']}"]
+                  f"NUMAMask={node}"]
     elif place.get("why"):
         lines.append(comment(f"NUMA: {place['why']}"))
+        lines += _thread_binding(profile, None)
     lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)
+
+
+_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def _placement_values(place: dict[str, object]) -> tuple[str, int]:
+    """CPUAffinity= and NUMAMask= values, checked here too: the profile
+    checks them at load, and these lines are the unit's own guard."""
+    cpus, node = place.get("cpus"), place.get("numa_node")
+    if not isinstance(cpus, str) or not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", cpus):
+        raise InputError("placement.cpus is not a CPU list",
+                         hint="a list like 0-31,64-95, as qtune probe writes it")
+    if isinstance(node, bool) or not isinstance(node, int) or node < 0:
+        raise InputError("placement.numa_node is not a node number",
+                         hint="a NUMA node id (0, 1, ...), as qtune probe writes it")
+    return cpus, node
+
+
+def _thread_binding(profile: Profile, cpus: str | None) -> list[str]:
+    """Comment lines on the CPU build's thread binding, and the check that
+    an explicit one lies inside the unit's CPUAffinity= (vLLM cannot pin a
+    thread to a CPU its cgroup may not use: the worker would fail at start)."""
+    if profile.engine.build != "cpu":
+        return []
+    bind = profile.env.get(_BIND, "auto")
+    try:
+        lists = bind_cpus(bind)
+    except ValueError:
+        raise InputError(f"env {_BIND} is neither auto, nobind nor CPU lists",
+                         hint="lists of CPUs per rank, like 0-31|32-63") from None
+    if lists is None:
+        what = {"auto": "vLLM pins one thread per core of each rank's node itself",
+                "nobind": "vLLM leaves the threads unpinned"}[bind]
+    else:
+        what = f"threads pinned to CPUs {bind} (one list per rank)"
+        if cpus is not None:
+            stray = sorted({c for cl in lists for c in cl} - set(parse_cpulist(cpus)))
+            if stray:
+                raise InputError(
+                    f"env {_BIND} names CPUs outside the unit's CPUAffinity "
+                    f"({format_cpulist(stray)})",
+                    hint="the profile's placement and thread binding disagree: "
+                         "tune again on this host")
+    return [comment(f"threads: {_BIND}={bind}: {what}")]

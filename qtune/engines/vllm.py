@@ -40,7 +40,7 @@ from qtune.engines.base import (
 )
 from qtune.engines.vllm_args import engine_args
 from qtune.estimate import Estimate, GiB, estimate_cpu, estimate_gpu
-from qtune.host import NO_MULTICAST
+from qtune.host import NO_MULTICAST, cpubind
 from qtune.host.installed import EngineInstall
 
 # Root-cause strings from the startup log → failure class.  Order matters:
@@ -321,6 +321,7 @@ class VLLM(Engine):
                     help="KV cache size in GiB (CPU backend)",
                 )
             )
+            params += self._cpu_host_params(ctx)
         else:
             params.append(
                 Param(
@@ -375,6 +376,39 @@ class VLLM(Engine):
             # A flag the installed vLLM lacks never appears.
             params = [p for p in params if p.target == "env" or p.name in ctx.engine_args]
         return params
+
+    def _cpu_host_params(self, ctx: SpaceContext) -> list[Param]:
+        """The CPU build's host dimensions (``qtune.host.cpubind`` says what
+        vLLM reads): tensor parallel across NUMA nodes, OpenMP binding,
+        reserved cores, the allocator.  Only values this topology can run,
+        and a dimension only where there is a choice."""
+        out = []
+        tps = self.valid_tp_sizes(ctx)
+        if len(tps) > 1:
+            out.append(Param("tensor_parallel_size", "choice", choices=tuple(tps),
+                             help="ranks, one per NUMA node (threads and memory local)"))
+        nodes, usable, cores = _topology(ctx)
+        binds = {c.value: c.why for tp in tps
+                 for c in cpubind.bind_choices(nodes, usable, cores, tp)}
+        out.append(Param(
+            "VLLM_CPU_OMP_THREADS_BIND", "choice", choices=tuple(binds), target="env",
+            help="OpenMP thread placement. " + "; ".join(
+                f"{v}: {why}" for v, why in binds.items())))
+        reserve = sorted({r for tp in tps
+                          for r in cpubind.reserve_choices(nodes, usable, cores, tp)})
+        if len(reserve) > 1:
+            out.append(Param(
+                "VLLM_CPU_NUM_OF_RESERVED_CPU", "choice", choices=tuple(reserve),
+                target="env", help="cores auto binding keeps off the compute threads "
+                                   "for the API server and scheduler (default: 1 per rank)"))
+        allocs = [path for name, path in sorted(ctx.host.allocators.items())
+                  if name == "tcmalloc" or not _bundles_tcmalloc(ctx.install.location)]
+        if allocs:
+            out.append(Param(
+                "LD_PRELOAD", "choice", choices=(_NO_PRELOAD, *allocs), target="env",
+                help="memory allocator preloaded into the server (vLLM's CPU docs ask "
+                     "for tcmalloc; 'glibc': none)"))
+        return out
 
     def seeds(self, params: list[Param], ctx: SpaceContext,
               fixed: Mapping[str, Any] | None = None) -> list[tuple[dict[str, Any], str]]:
@@ -439,7 +473,9 @@ class VLLM(Engine):
 
     @staticmethod
     def valid_tp_sizes(ctx: SpaceContext) -> list[int]:
-        n_gpus = max(len(ctx.host.gpus), 1)
+        # On CPU, vLLM runs one rank per NUMA node.
+        n_gpus = max(len(ctx.host.numa) if ctx.install.build == "cpu"
+                     else len(ctx.host.gpus), 1)
         heads, kv = ctx.model.num_heads, ctx.model.num_kv_heads
         out = []
         for tp in range(1, n_gpus + 1):
@@ -560,7 +596,9 @@ class VLLM(Engine):
         if tp is not None and tp not in self.valid_tp_sizes(ctx):
             out.append(f"tensor_parallel_size {tp} does not fit heads/GPUs")
         n_gpus = self.gpus_used(params)
-        if n_gpus > 1 and n_gpus > len(ctx.host.gpus):
+        if ctx.install.build == "cpu":
+            out += _check_cpu_binding(params, ctx, n_gpus)
+        elif n_gpus > 1 and n_gpus > len(ctx.host.gpus):
             out.append(f"tensor x pipeline x data parallel sizes ({n_gpus}) > "
                        f"{len(ctx.host.gpus)} GPUs")
         return out
@@ -597,6 +635,8 @@ class VLLM(Engine):
         for name, value in sorted(params.items()):
             if name == "quantization" and value == "none":
                 continue  # the model's own dtype: vLLM has no "none" value
+            if name == "LD_PRELOAD" and value == _NO_PRELOAD:
+                continue  # glibc's allocator: nothing to preload
             p = space.get(name)
             if (p is not None and p.target == "env") or name.isupper():
                 env[name] = str(value)
@@ -696,6 +736,54 @@ class VLLM(Engine):
         if not out:
             raise ValueError("prompt_logprobs holds no token")
         return out
+
+
+_NO_PRELOAD = "glibc"
+
+
+def _topology(ctx: SpaceContext) -> tuple[list[tuple[int, list[int]]], list[int],
+                                          list[list[int]]]:
+    host = ctx.host
+    return ([(n.id, n.cpus) for n in host.numa], host.usable_cpus,
+            host.cpu.cores or [[c] for c in host.cpu.online])
+
+
+def _bundles_tcmalloc(location: str | None) -> bool:
+    """The vLLM wheel ships its own tcmalloc (``vllm/libs``), which it puts
+    first in LD_PRELOAD: another allocator preloaded would never be used."""
+    libs = os.path.join(os.path.dirname(location), "libs") if location else ""
+    return bool(libs) and os.path.isdir(libs) and any(
+        f.startswith("libtcmalloc") for f in os.listdir(libs))
+
+
+def _check_cpu_binding(params: Mapping[str, Any], ctx: SpaceContext,
+                       ranks: int) -> list[str]:
+    """Why a CPU build's binding cannot run (or repeats another point)."""
+    out = []
+    nodes, usable, cores = _topology(ctx)
+    bind = str(params.get("VLLM_CPU_OMP_THREADS_BIND", "auto"))
+    try:
+        lists = cpubind.bind_cpus(bind)
+    except ValueError as e:
+        return [f"VLLM_CPU_OMP_THREADS_BIND: {e}"]
+    if lists is not None:
+        if len(lists) != ranks:
+            out.append(f"VLLM_CPU_OMP_THREADS_BIND has {len(lists)} CPU lists for "
+                       f"{ranks} ranks")
+        stray = sorted({c for cpus in lists for c in cpus} - set(usable))
+        if stray:
+            out.append(f"VLLM_CPU_OMP_THREADS_BIND names CPUs this host cannot use "
+                       f"({stray[:8]})")
+    elif bind == "auto" and cpubind.rank_nodes(nodes, usable, ranks) is None:
+        out.append(f"auto binding needs {ranks} NUMA nodes (one per rank)")
+    reserved = params.get("VLLM_CPU_NUM_OF_RESERVED_CPU")
+    if reserved is not None and bind != "auto" and int(reserved) != 0:
+        # vLLM reads it only for auto binding: the same run as with 0.
+        out.append("VLLM_CPU_NUM_OF_RESERVED_CPU applies only to auto binding")
+    elif reserved is not None and bind == "auto" and -(-int(reserved) // max(ranks, 1)) \
+            >= cpubind.fewest_cores(nodes, usable, cores, ranks):
+        out.append(f"VLLM_CPU_NUM_OF_RESERVED_CPU={reserved} leaves a rank no core")
+    return out
 
 
 def _inductor_cache_dir() -> str:

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qtune.host.cpubind import find_allocators
 from qtune.host.gpu import GPU, GPUReport, read_gpus, record_nvml
 from qtune.host.installed import InstalledEngines, find_engines
+from qtune.host.settings import GOVERNOR, THP_DEFRAG, THP_ENABLED
 from qtune.host.sysfs import (
     PROBED_GLOBS,
     CPUFacts,
@@ -42,6 +44,10 @@ class Finding:
     severity: str  # "info" | "warning" | "error"
     seen: str
     fix: str
+    # The exact shell commands that apply the fix now, then keep it across
+    # reboots, where there are such commands (``qtune emit --format host``
+    # writes the same ones for a profile).
+    commands: list[str] = field(default_factory=list)
 
 
 # How a host turns NVLink multicast off, per library that reads it.
@@ -67,6 +73,8 @@ class HostFacts:
     # here inherits them): how a shared host forbids NVLink multicast, and a
     # user's choice of all-reduce backend.
     comm_env: dict[str, str] = field(default_factory=dict)
+    # Memory allocators a server could preload: {name: library path}.
+    allocators: dict[str, str] = field(default_factory=dict)
 
     @property
     def multicast_forbidden(self) -> bool:
@@ -125,6 +133,7 @@ class HostFacts:
             },
             "nofile_limit": self.nofile_limit,
             "comm_env": self.comm_env,
+            "allocators": self.allocators,
             "findings": [dataclasses.asdict(f) for f in self.findings],
             "fingerprint": self.fingerprint(),
         }
@@ -159,6 +168,7 @@ def probe(
         nofile_limit=_nofile() if root == Path("/") else None,
         comm_env=comm_env(os.environ if environ is None and root == Path("/")
                           else environ or {}),
+        allocators=find_allocators(root),
     )
     return dataclasses.replace(facts, findings=findings(facts))
 
@@ -199,7 +209,8 @@ def cpu_binding(facts: HostFacts) -> list[int]:
 
 def placement(facts: HostFacts, n_gpus: int = 1) -> dict[str, Any]:
     """Where a server should run: the NUMA node of the GPUs it uses (the
-    first ``n_gpus``), or node 0 for CPU serving, with that node's CPUs.
+    first ``n_gpus``), or node 0 for CPU serving with one rank (``n_gpus``
+    counts CPU ranks there), with that node's CPUs.
     ``numa_node`` is None when there is nothing to choose (one node) or no
     way to know (GPUs on different or unknown nodes); ``why`` says which."""
     if len(facts.numa) < 2:
@@ -212,6 +223,13 @@ def placement(facts: HostFacts, n_gpus: int = 1) -> dict[str, Any]:
                     "why": "the GPUs are on different or unknown NUMA nodes"}
         node = nodes.pop()
         why = f"GPU {facts.gpus[0].index} is attached to NUMA node {node}"
+    elif n_gpus > 1:
+        # vLLM's CPU worker binds each rank's threads, and its memory
+        # (numa_set_membind), to the node of its CPUs: a unit bound to one
+        # node would leave the other ranks no node of their own.
+        return {"numa_node": None, "cpus": None,
+                "why": f"{n_gpus} CPU ranks, one per NUMA node: vLLM binds each "
+                       "rank's threads and memory to its node"}
     else:
         node = facts.numa[0].id
         why = "CPU serving: one node's cores and memory (no cross-node traffic)"
@@ -230,7 +248,8 @@ def findings(facts: HostFacts) -> list[Finding]:
                 "warning",
                 "transparent_hugepage/defrag is 'always': page faults may stall "
                 "on synchronous compaction (latency spikes)",
-                "echo defer+madvise > /sys/kernel/mm/transparent_hugepage/defrag",
+                THP_DEFRAG.now,
+                THP_DEFRAG.commands(),
             )
         )
     if thp.enabled == "never":
@@ -239,7 +258,8 @@ def findings(facts: HostFacts) -> list[Finding]:
                 "thp-disabled",
                 "info",
                 "transparent huge pages are disabled: large tensors pay more TLB misses",
-                "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled",
+                THP_ENABLED.now,
+                THP_ENABLED.commands(),
             )
         )
     slow = {g: n for g, n in facts.cpu.governors.items() if g != "performance"}
@@ -252,6 +272,7 @@ def findings(facts: HostFacts) -> list[Finding]:
                 f"CPU frequency governor is not 'performance' ({seen})",
                 "cpupower frequency-set -g performance  (or tuned-adm profile "
                 "throughput-performance)",
+                GOVERNOR.commands(),
             )
         )
     if facts.cpu.isolated:
@@ -345,14 +366,15 @@ def findings(facts: HostFacts) -> list[Finding]:
                 "install the CUDA build (pip install 'qtune[vllm]') to tune on the GPUs",
             )
         )
-    if vllm and vllm.build == "cpu" and not _has_tcmalloc():
+    if vllm and vllm.build == "cpu" and "tcmalloc" not in facts.allocators:
         out.append(
             Finding(
                 "no-tcmalloc",
                 "info",
                 "libtcmalloc not found: vLLM's CPU backend recommends it for "
                 "allocation-heavy serving",
-                "apt-get install libtcmalloc-minimal4  (vLLM preloads it itself)",
+                "apt-get install libtcmalloc-minimal4  (then qtune tunes its "
+                "LD_PRELOAD, unless this vLLM wheel bundles one and preloads it)",
             )
         )
     for note in facts.engines.notes:
@@ -404,16 +426,6 @@ def findings(facts: HostFacts) -> list[Finding]:
             )
         )
     return out
-
-
-def _has_tcmalloc() -> bool:
-    dirs = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64"]
-    return any(
-        p.name.startswith("libtcmalloc")
-        for d in dirs
-        if Path(d).is_dir()
-        for p in Path(d).iterdir()
-    )
 
 
 def capture(dest: Path, *, root: Path = Path("/"), nvml: Any = None) -> int:

@@ -104,6 +104,9 @@ class CPUFacts:
     isolated: list[int]
     flags: list[str] = field(default_factory=list)
     governors: dict[str, int] = field(default_factory=dict)  # governor → #cpus
+    # Online logical CPUs grouped by physical core (SMT siblings together),
+    # ordered by their lowest CPU: what a thread binding picks from.
+    cores: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,7 @@ def read_cpu(root: Path) -> CPUFacts:
     # some arm64 kernels); fall back to cpuinfo pairs, then to logical CPUs.
     topo: set[tuple[str, str]] = set()
     packages: set[str] = set()
+    by_core: dict[tuple[str, str], list[int]] = {}
     for cpu in online:
         base = f"sys/devices/system/cpu/cpu{cpu}/topology"
         pkg = _read(root, f"{base}/physical_package_id")
@@ -161,6 +165,7 @@ def read_cpu(root: Path) -> CPUFacts:
         if pkg is not None and core is not None:
             topo.add((pkg, core))
             packages.add(pkg)
+            by_core.setdefault((pkg, core), []).append(cpu)
     if topo:
         physical = len(topo)
         sockets = len(packages)
@@ -192,7 +197,28 @@ def read_cpu(root: Path) -> CPUFacts:
         isolated=parse_cpulist(_read(root, "sys/devices/system/cpu/isolated")),
         flags=[f for f in flags if f in _INTERESTING_FLAGS],
         governors=governors,
+        cores=_cores(root, online, by_core),
     )
+
+
+def _cores(root: Path, online: list[int],
+           by_core: dict[tuple[str, str], list[int]]) -> list[list[int]]:
+    """Logical CPUs per physical core: the kernel's sibling lists, else the
+    (package, core id) pairs, else one CPU per core (no topology at all)."""
+    seen: set[int] = set()
+    groups: list[list[int]] = []
+    on = set(online)
+    for cpu in online:
+        if cpu in seen:
+            continue
+        text = _read(root, f"sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        group = [c for c in parse_cpulist(text) if c in on] if text else []
+        if cpu not in group:
+            group = next((g for g in by_core.values() if cpu in g), [cpu])
+        group = [c for c in sorted(group) if c not in seen]
+        seen.update(group)
+        groups.append(group)
+    return groups
 
 
 # CPU features that matter to CPU inference kernels (vLLM's CPU backend uses

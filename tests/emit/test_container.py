@@ -122,7 +122,7 @@ def test_no_secret_or_host_install_reaches_a_container_file():
 
 
 @pytest.mark.parametrize(("fmt", "kwargs", "needle"), [
-    ("docker", {}, "compose, grafana, kubernetes, prometheus-rules, systemd"),
+    ("docker", {}, "compose, grafana, host, kubernetes, prometheus-rules, systemd"),
     ("systemd", {"image": "x/y:1"}, "compose and kubernetes"),
 ])
 def test_bad_format_or_option(fmt, kwargs, needle):

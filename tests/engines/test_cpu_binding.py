@@ -1,0 +1,103 @@
+"""vLLM CPU build: the host's binding, reserve and allocator dimensions in
+the space, their checks and their launch, on the single-node capture and
+the hand-written two-socket one (tests/fixtures/hosts/xeon-2s-32c-smt)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from qtune.engines.vllm import VLLM
+from qtune.host import probe
+from tests.conftest import FIX
+from tests.fakes.nvml import NoNVML
+
+XEON = FIX / "hosts" / "xeon-2s-32c-smt"
+
+
+def _xeon_ctx(cpu_ctx, **host):
+    facts = probe(root=XEON, nvml=NoNVML(), engine_python=sys.executable,
+                  with_engines=False)
+    return dataclasses.replace(cpu_ctx, host=dataclasses.replace(facts, **host))
+
+
+def _space(ctx):
+    return {p.name: p for p in VLLM().space(ctx)}
+
+
+def test_single_node_space_offers_auto_nobind_and_the_reserve(cpu_ctx):
+    space = _space(cpu_ctx)
+    bind = space["VLLM_CPU_OMP_THREADS_BIND"]
+    assert (bind.choices, bind.target) == (("auto", "nobind"), "env")
+    assert "auto: vLLM's default" in bind.help and "nobind: " in bind.help
+    assert space["VLLM_CPU_NUM_OF_RESERVED_CPU"].choices == (0, 1)
+    # one node: no tensor parallel, and no allocator library in the capture
+    assert "tensor_parallel_size" not in space and "LD_PRELOAD" not in space
+
+
+def test_two_socket_space(cpu_ctx):
+    ctx = _xeon_ctx(cpu_ctx, allocators={"tcmalloc": "/usr/lib64/libtcmalloc.so.4"})
+    space = _space(ctx)
+    assert space["tensor_parallel_size"].choices == (1, 2)
+    assert space["VLLM_CPU_OMP_THREADS_BIND"].choices == (
+        "auto", "nobind", "0-31,64-95", "0-31,64-95|32-63,96-127")
+    assert space["VLLM_CPU_NUM_OF_RESERVED_CPU"].choices == (0, 1, 2, 4)
+    assert space["LD_PRELOAD"].choices == ("glibc", "/usr/lib64/libtcmalloc.so.4")
+
+
+def test_jemalloc_only_without_a_bundled_tcmalloc(cpu_ctx, tmp_path):
+    allocs = {"jemalloc": "/usr/lib/libjemalloc.so.2"}
+    pkg = tmp_path / "vllm"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    ctx = _xeon_ctx(cpu_ctx, allocators=allocs)
+    ctx = dataclasses.replace(ctx, install=dataclasses.replace(
+        ctx.install, location=str(pkg / "__init__.py")))
+    assert _space(ctx)["LD_PRELOAD"].choices == ("glibc", "/usr/lib/libjemalloc.so.2")
+    (pkg / "libs").mkdir()
+    (pkg / "libs" / "libtcmalloc_minimal-1a2b.so.4").write_bytes(b"")
+    assert "LD_PRELOAD" not in _space(ctx)
+
+
+def test_check_matches_binding_to_ranks(cpu_ctx):
+    ctx = _xeon_ctx(cpu_ctx)
+    v = VLLM()
+    two = "0-31,64-95|32-63,96-127"
+    assert v.check({"tensor_parallel_size": 2, "VLLM_CPU_OMP_THREADS_BIND": two}, ctx) == []
+    assert v.check({"tensor_parallel_size": 2, "VLLM_CPU_OMP_THREADS_BIND": "auto",
+                    "VLLM_CPU_NUM_OF_RESERVED_CPU": 4}, ctx) == []
+    assert any("2 CPU lists for 1 ranks" in m for m in
+               v.check({"VLLM_CPU_OMP_THREADS_BIND": two}, ctx))
+    assert any("only to auto" in m for m in
+               v.check({"VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                        "VLLM_CPU_NUM_OF_RESERVED_CPU": 2}, ctx))
+    assert v.check({"VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                    "VLLM_CPU_NUM_OF_RESERVED_CPU": 0}, ctx) == []
+    assert any("cannot use" in m for m in
+               v.check({"VLLM_CPU_OMP_THREADS_BIND": "0-200"}, ctx))
+    # a CPU build has no GPUs to count
+    assert not any("GPUs" in m for m in v.check({"tensor_parallel_size": 2}, ctx))
+
+
+def test_check_on_one_node(cpu_ctx):
+    v = VLLM()
+    assert any("needs 2 NUMA nodes" in m for m in v.check(
+        {"pipeline_parallel_size": 2}, cpu_ctx))
+    assert any("leaves a rank no core" in m for m in v.check(
+        {"VLLM_CPU_NUM_OF_RESERVED_CPU": 2}, cpu_ctx))
+    assert v.check({"VLLM_CPU_NUM_OF_RESERVED_CPU": 1}, cpu_ctx) == []
+
+
+def test_launch_env(cpu_ctx):
+    ctx = _xeon_ctx(cpu_ctx, allocators={"tcmalloc": "/usr/lib64/libtcmalloc.so.4"})
+    v = VLLM()
+    spec = v.launch_spec({"VLLM_CPU_OMP_THREADS_BIND": "0-31,64-95",
+                          "VLLM_CPU_NUM_OF_RESERVED_CPU": 0,
+                          "LD_PRELOAD": "/usr/lib64/libtcmalloc.so.4"}, ctx,
+                         host="h", port=1)
+    assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-31,64-95"
+    assert spec.env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert spec.env["LD_PRELOAD"] == "/usr/lib64/libtcmalloc.so.4"
+    assert not any("LD_PRELOAD" in a or "OMP" in a for a in spec.argv)
+    glibc = v.launch_spec({"LD_PRELOAD": "glibc"}, ctx, host="h", port=1)
+    assert "LD_PRELOAD" not in glibc.env
