@@ -388,14 +388,22 @@ class VLLM(Engine):
             out.append(Param("tensor_parallel_size", "choice", choices=tuple(tps),
                              help="ranks, one per NUMA node (threads and memory local)"))
         nodes, usable, cores = _topology(ctx)
-        binds = {c.value: c.why for tp in tps
-                 for c in cpubind.bind_choices(nodes, usable, cores, tp)}
-        out.append(Param(
-            "VLLM_CPU_OMP_THREADS_BIND", "choice", choices=tuple(binds), target="env",
-            help="OpenMP thread placement. " + "; ".join(
-                f"{v}: {why}" for v, why in binds.items())))
-        reserve = sorted({r for tp in tps
-                          for r in cpubind.reserve_choices(nodes, usable, cores, tp)})
+        # On a host of few cores the reserved core is where the API server,
+        # the scheduler and a local load client run: on the 2-vCPU target,
+        # 0 reserved (OpenMP on both cores) served 15% less in verify's ABBA
+        # starts (benchmarks/results/cpu-levers-20261130), and nobind puts
+        # the compute threads there too.  Placement is a choice worth a
+        # launch only where one core is a small share of the host.
+        few = len(cores) < _BIND_MIN_CORES
+        binds = {} if few else {c.value: c.why for tp in tps
+                                for c in cpubind.bind_choices(nodes, usable, cores, tp)}
+        if len(binds) > 1:
+            out.append(Param(
+                "VLLM_CPU_OMP_THREADS_BIND", "choice", choices=tuple(binds), target="env",
+                help="OpenMP thread placement. " + "; ".join(
+                    f"{v}: {why}" for v, why in binds.items())))
+        reserve = [] if few else sorted(
+            {r for tp in tps for r in cpubind.reserve_choices(nodes, usable, cores, tp)})
         if len(reserve) > 1:
             out.append(Param(
                 "VLLM_CPU_NUM_OF_RESERVED_CPU", "choice", choices=tuple(reserve),
@@ -739,6 +747,11 @@ class VLLM(Engine):
 
 
 _NO_PRELOAD = "glibc"
+
+
+# Physical cores below which thread placement and the reserve stay vLLM's
+# (see _cpu_host_params).
+_BIND_MIN_CORES = 8
 
 
 def _topology(ctx: SpaceContext) -> tuple[list[tuple[int, list[int]]], list[int],
