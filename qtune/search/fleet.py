@@ -180,9 +180,14 @@ def note_retry(study: optuna.Study, trial: optuna.Trial, grace_s: int) -> str | 
         return None
     dead = study._storage.get_trial(
         study._storage.get_trial_id_from_study_id_trial_number(study._study_id, retry_of))
-    who = dead.user_attrs.get(FleetAttr.WORKER, "a worker")
-    why = (f"worker {who} stopped beating (no heartbeat for {grace_s} s): killed, "
-           "or cut off from the database")
+    beat = dead.system_attrs.get(BEAT)
+    if isinstance(beat, list) and beat[:1] == [dead._trial_id]:
+        who = dead.user_attrs.get(FleetAttr.WORKER, "a worker")
+        why = (f"worker {who} stopped beating (no heartbeat for {grace_s} s): killed, "
+               "or cut off from the database")
+    else:
+        why = (f"its worker never beat it (no heartbeat {grace_s} s after it was "
+               "asked for): killed before its first heartbeat")
     trial.set_user_attr(FleetAttr.RETRY_OF, retry_of)
     trial.set_user_attr(FleetAttr.RETRY_REASON, why)
     return f"re-runs trial {retry_of}: {why}"
