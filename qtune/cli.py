@@ -286,7 +286,8 @@ def search(
     storage: Annotated[
         str | None,
         typer.Option(help="Optuna storage URL (default: a journal file under "
-                     "studies/)."),
+                     "studies/). A fleet's workers share postgresql://..., or "
+                     "grpc://HOST:PORT of qtune storage-proxy."),
     ] = None,
     out: Annotated[
         Path | None, typer.Option(help="Profile path (default profiles/<study>.yaml).")
