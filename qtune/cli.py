@@ -286,7 +286,8 @@ def search(
     storage: Annotated[
         str | None,
         typer.Option(help="Optuna storage URL (default: a journal file under "
-                     "studies/)."),
+                     "studies/). A fleet's workers share postgresql://..., or "
+                     "grpc://HOST:PORT of qtune storage-proxy."),
     ] = None,
     out: Annotated[
         Path | None, typer.Option(help="Profile path (default profiles/<study>.yaml).")
@@ -579,6 +580,25 @@ def dashboard(
     st, url = load_study(study, storage)
     # The dashboard can delete studies: never bind beyond loopback.
     run_server(st._storage, host="127.0.0.1", port=port)
+
+
+@app.command("storage-proxy")
+def storage_proxy(
+    storage: Annotated[str, typer.Option(
+        envvar="QTUNE_STORAGE", show_envvar=True,
+        help="The fleet's database, postgresql://user:PASS@host/db (from the "
+        "environment, the password stays out of the process list).")],
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 13000,
+    host: Annotated[str, typer.Option(
+        help="Address to listen on. The proxy has no login: 0.0.0.0 (workers on "
+        "other hosts) only on a trusted network.")] = "127.0.0.1",
+) -> None:
+    """Serve a fleet's database to its workers through Optuna's gRPC storage
+    proxy: the workers then take --storage grpc://HOST:PORT."""
+    from qtune import console
+    from qtune.search.proxy import serve
+
+    serve(storage, host, port, lambda line: console.err.print(line, markup=False))
 
 
 def _bench_csv(res: dict[str, Any]) -> str:

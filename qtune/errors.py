@@ -49,6 +49,15 @@ def redact(text: str) -> str:
     return _SECRET_RE.sub("***", text)
 
 
+# A database (or storage proxy) URL's password as SQLAlchemy reads it: from the ':' after the
+# user to an '@', with '/', '?', '#', '[' or spaces left unencoded (it still
+# connects), where urlsplit ends the user info early or gives up.  To the
+# last '@': masking too much is safe, too little is not.
+_DB_USERINFO_RE = re.compile(
+    r"(?P<head>(?:postgres(?:ql)?|mysql|mariadb|oracle|mssql|sqlite|grpc)(?:\+\w+)?://[^:/]*:)"
+    r".*@", re.S | re.I)
+
+
 def mask_url(url: str) -> str:
     """``url`` fit to print: the user-info password and any token masked.
     Never raises, whatever the text."""
@@ -60,6 +69,8 @@ def mask_url(url: str) -> str:
             url = parts._replace(netloc=f"{user}:***@{host}").geturl()
     except ValueError:  # e.g. an invalid port or IPv6 literal: mask by pattern
         pass
+    if m := _DB_USERINFO_RE.match(url):
+        url = m["head"] + "***@" + url[m.end():]
     return redact(url)
 
 

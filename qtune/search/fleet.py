@@ -6,7 +6,10 @@ Optuna is the distributed engine; qtune adds only what ask/tell needs of it:
 - heartbeats: Optuna beats only inside ``Study.optimize``; qtune drives
   ask/tell, so a worker beats its trial from a thread of its own
   (``Heartbeat``) and fails stale trials itself (``reclaim``), whose
-  storage callback (``RetryFailedTrialCallback``) queues them again;
+  retry callback (``RetryFailedTrialCallback``) queues them again.  Through
+  Optuna's gRPC storage proxy (``grpc://``), which has no heartbeat, the
+  beat is a counter in the trial's system attributes; a trial asked but
+  never beaten (its worker killed in between) is failed too;
 - claims: the steps that must happen once per study (the opening: baseline,
   seeds, start design; the finish: confirmation and profile) go to the
   worker whose ``create_study`` of a marker study succeeds, which the
@@ -65,26 +68,61 @@ GRACE_BEATS = 5
 MAX_RETRY = 2
 
 
+# The trial's own beat through a storage with no heartbeat of Optuna's (the
+# gRPC proxy), and on every fleet storage the sign that its worker began
+# beating it: [trial id, count].  The id: a retry copies its failed trial's
+# system attributes, and a copied beat is not the retry's own.
+BEAT = "qtune_beat"
+
+
 def is_fleet(url: str) -> bool:
-    """A database server storage: the one kind several hosts can share
-    (SQLite and the journal are files on one host)."""
+    """A database server storage, or Optuna's gRPC proxy of one: the kinds
+    several hosts can share (SQLite and the journal are files on one host)."""
     scheme = url.partition("://")[0].partition("+")[0]
-    return scheme in ("postgresql", "postgres", "mysql")
+    return scheme in ("postgresql", "postgres", "mysql", "grpc")
 
 
-def storage_kwargs(heartbeat_s: int) -> dict[str, Any]:
-    """RDBStorage's heartbeat arguments for a fleet study."""
+def retry_callback() -> Any:
+    """Optuna's callback that queues a failed stale trial again."""
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) \
         or optuna.storages.RetryFailedTrialCallback
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # experimental in some 4.x releases
-        callback = retry(max_retry=MAX_RETRY)
+        return retry(max_retry=MAX_RETRY)
+
+
+def storage_kwargs(heartbeat_s: int) -> dict[str, Any]:
+    """RDBStorage's heartbeat arguments for a fleet study."""
     # Optuna 5 renamed the argument (the old name warns); 4.x knows only it.
     params = inspect.signature(optuna.storages.RDBStorage).parameters
     key = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in params
            else "failed_trial_callback")
     return {"heartbeat_interval": heartbeat_s, "grace_period": heartbeat_s * GRACE_BEATS,
-            key: callback}
+            key: retry_callback()}
+
+
+def parse_grpc_url(url: str) -> tuple[str, int]:
+    """``grpc://host:port`` (Optuna's storage proxy, ``qtune storage-proxy``)
+    as its host and port.  The URL is never echoed: the proxy has no login,
+    and a user:password in it is a mistake that may hold a real secret."""
+    from urllib.parse import urlsplit
+
+    hint = "e.g. --storage grpc://proxy.lan:13000 (the host and port of qtune storage-proxy)"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise InputError("--storage grpc://: not a host:port", hint=hint) from None
+    if parts.scheme != "grpc":
+        raise InputError("--storage: not a grpc:// URL", hint=hint)
+    if "@" in parts.netloc:
+        raise InputError("--storage grpc://: the proxy takes no user or password in "
+                         "its URL", hint="the database's password stays with qtune "
+                         "storage-proxy; " + hint)
+    if not parts.hostname or port is None or not 1 <= port <= 65535 \
+            or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise InputError("--storage grpc://: not a host:port", hint=hint)
+    return parts.hostname, port
 
 
 def quiet_heartbeat_warning() -> None:
@@ -142,20 +180,75 @@ def note_retry(study: optuna.Study, trial: optuna.Trial, grace_s: int) -> str | 
         return None
     dead = study._storage.get_trial(
         study._storage.get_trial_id_from_study_id_trial_number(study._study_id, retry_of))
-    who = dead.user_attrs.get(FleetAttr.WORKER, "a worker")
-    why = (f"worker {who} stopped beating (no heartbeat for {grace_s} s): killed, "
-           "or cut off from the database")
+    beat = dead.system_attrs.get(BEAT)
+    if isinstance(beat, list) and beat[:1] == [dead._trial_id]:
+        who = dead.user_attrs.get(FleetAttr.WORKER, "a worker")
+        why = (f"worker {who} stopped beating (no heartbeat for {grace_s} s): killed, "
+               "or cut off from the database")
+    else:
+        why = (f"its worker never beat it (no heartbeat {grace_s} s after it was "
+               "asked for): killed before its first heartbeat")
     trial.set_user_attr(FleetAttr.RETRY_OF, retry_of)
     trial.set_user_attr(FleetAttr.RETRY_REASON, why)
     return f"re-runs trial {retry_of}: {why}"
 
 
-def reclaim(study: optuna.Study) -> None:
-    """Fail the trials of workers that stopped beating; the storage's retry
-    callback queues each again."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        optuna.storages.fail_stale_trials(study)
+def _optuna_beats(storage: Any) -> bool:
+    """Whether Optuna's heartbeat runs on ``storage`` (RDB storage opened
+    with it, bare or in the cache a Study wraps it in); never through the
+    gRPC proxy."""
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    return bool(is_heartbeat_enabled(storage))
+
+
+# (storage, trial id) -> (its beat, when this process first saw that beat):
+# a beat is stale when it has not moved for a grace period of this
+# process's own clock, so hosts' clocks need not agree.
+_SEEN: dict[tuple[int, int], tuple[Any, float]] = {}
+_clock = time.monotonic  # (a test's clock)
+
+
+def reclaim(study: optuna.Study, heartbeat_s: int) -> None:
+    """Fail the trials of workers that stopped beating, or never began
+    (killed between ``ask`` and the first beat); the retry callback queues
+    each again.  On RDB storage Optuna's heartbeat judges a trial once its
+    worker beat it; otherwise (the gRPC proxy, a trial never beaten) a beat
+    that has not moved for the grace period, as this worker saw it, is stale."""
+    storage: Any = study._storage
+    optuna_beats = _optuna_beats(storage)
+    if optuna_beats:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            optuna.storages.fail_stale_trials(study)
+    grace = heartbeat_s * GRACE_BEATS
+    now = _clock()
+    live: set[tuple[int, int]] = set()
+    stale: list[int] = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        beat = t.system_attrs.get(BEAT)
+        mine = beat if isinstance(beat, list) and beat[:1] == [t._trial_id] else None
+        if optuna_beats and mine is not None:
+            continue  # beaten: Optuna's heartbeat judges it
+        key = (id(storage), t._trial_id)
+        live.add(key)
+        seen = _SEEN.get(key)
+        if seen is None or seen[0] != mine:
+            _SEEN[key] = (mine, now)
+        elif now - seen[1] > grace:
+            stale.append(t._trial_id)
+    for key in [k for k in _SEEN if k[0] == id(storage) and k not in live]:
+        del _SEEN[key]
+    callback = storage.get_heartbeat_stale_trial_callback() if optuna_beats \
+        else retry_callback()
+    for trial_id in stale:
+        try:
+            if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another worker failed it first: its callback queued it
+        if callback is not None:
+            callback(study, storage.get_trial(trial_id))
 
 
 def running(study: optuna.Study, before: int | None = None) -> int:
@@ -187,22 +280,34 @@ def started_at(study: optuna.Study) -> float:
 
 
 class Heartbeat:
-    """Beat a running trial from a thread.  A database that stays out of
-    reach for half the grace period (other workers would fail the trial
-    soon after) is lost: the main thread is interrupted (SIGINT, which
-    unwinds through the server's ``with`` and stops it) and ``lost`` says
-    why, for the one error line."""
+    """Beat a running trial from a thread: Optuna's heartbeat on RDB
+    storage, the ``BEAT`` counter through the gRPC proxy.  A database that
+    stays out of reach for half the grace period (other workers would fail
+    the trial soon after) is lost: the main thread is interrupted (SIGINT,
+    which unwinds through the server's ``with`` and stops it) and ``lost``
+    says why, for the one error line."""
 
     def __init__(self, storage: Any, trial_id: int, interval: float, grace: float) -> None:
         self.storage, self.trial_id = storage, trial_id
         self.interval, self.grace = interval, grace
         self.lost: str | None = None
+        self._optuna = _optuna_beats(storage)
+        self._count = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="qtune-heartbeat")
 
+    def beat(self) -> None:
+        if self._optuna:
+            self.storage.record_heartbeat(self.trial_id)
+            if self._count:
+                return
+        self._count += 1
+        self.storage.set_trial_system_attr(self.trial_id, BEAT,
+                                           [self.trial_id, self._count])
+
     def __enter__(self) -> Heartbeat:
-        self.storage.record_heartbeat(self.trial_id)  # at once: a trial with no beat is never stale
+        self.beat()  # at once: the trial is judged by its beats from here on
         self._thread.start()
         return self
 
@@ -214,15 +319,33 @@ class Heartbeat:
         ok_at = time.monotonic()
         while not self._stop.wait(min(self.interval, self.grace / 4)):
             try:
-                self.storage.record_heartbeat(self.trial_id)
+                self.beat()
                 ok_at = time.monotonic()
             except Exception as exc:  # the driver's errors vary
                 if time.monotonic() - ok_at > self.grace / 2:
                     self.lost = f"no heartbeat reached it for {time.monotonic() - ok_at:.0f} s " \
-                        f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+                        f"({describe_error(exc)[:200]})"
                     _LOST.append(self.lost)
                     os.kill(os.getpid(), signal.SIGINT)
                     return
+
+
+def rpc_errors() -> tuple[type[BaseException], ...]:
+    """The gRPC proxy's errors (a proxy out of reach), when grpc is installed."""
+    try:
+        import grpc
+    except ImportError:
+        return ()
+    return (grpc.RpcError,)
+
+
+def describe_error(exc: BaseException) -> str:
+    """A storage error in one line: a gRPC error's first line says only
+    that an RPC ended; its code and details say why."""
+    code, details = getattr(exc, "code", None), getattr(exc, "details", None)
+    if callable(code) and callable(details):
+        return f"{type(exc).__name__}: {getattr(code(), 'name', code())}: {details()}"
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
 
 
 _LOST: list[str] = []  # why the database was lost (set by a Heartbeat)

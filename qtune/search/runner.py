@@ -63,12 +63,15 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         if lost := fleet.lost_reason():
             raise fleet.lost_database(prep.storage_url, lost) from None
         raise
-    except (optuna.exceptions.StorageInternalError, SQLAlchemyError) as exc:
-        if not fleet.is_fleet(prep.storage_url):
+    except Exception as exc:
+        # A database's errors, or (through the proxy) gRPC's.
+        storage_errors = (optuna.exceptions.StorageInternalError, SQLAlchemyError,
+                          *fleet.rpc_errors())
+        if not fleet.is_fleet(prep.storage_url) or not isinstance(exc, storage_errors):
             raise
         cause = exc.__cause__ or exc
-        raise fleet.lost_database(prep.storage_url, f"{type(cause).__name__}: "
-                                  f"{str(cause).splitlines()[0][:200]}") from None
+        raise fleet.lost_database(prep.storage_url,
+                                  fleet.describe_error(cause)[:250]) from None
 
 
 def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
@@ -127,7 +130,7 @@ def _wait_for_opening(prep: Prepared, study: optuna.Study, reporter: Reporter) -
     grace = prep.cfg.heartbeat_s * fleet.GRACE_BEATS
     idle_since = time.monotonic()
     while study.user_attrs.get(fleet.FleetAttr.READY) is None:
-        fleet.reclaim(study)
+        fleet.reclaim(study, prep.cfg.heartbeat_s)
         if fleet.running(study):
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since > grace and \
@@ -143,7 +146,7 @@ def _claim_finish(prep: Prepared, study: optuna.Study, reporter: Reporter) -> bo
     """Whether this worker runs the confirmation and writes the profile:
     once every running trial has ended, the first to claim it."""
     while fleet.running(study):
-        fleet.reclaim(study)
+        fleet.reclaim(study, prep.cfg.heartbeat_s)
         if not fleet.running(study):
             break
         time.sleep(min(5.0, prep.cfg.heartbeat_s / 2))
@@ -215,7 +218,7 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
                           cfg.allow_mixed_hosts, prep.study_name)
     if is_fleet:
         # Other workers' trials are RUNNING too: only the stale ones fail.
-        fleet.reclaim(study)
+        fleet.reclaim(study, cfg.heartbeat_s)
     else:
         # Journal storage has no heartbeat: trials left RUNNING by a killed
         # qtune would bias the constant-liar sampler forever.  Fail them on resume.
@@ -327,7 +330,7 @@ def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
             stop_reason = "every grid point has been tried"
             break
         if is_fleet:
-            fleet.reclaim(study)
+            fleet.reclaim(study, cfg.heartbeat_s)
             if launched_count(study) + fleet.running(study) >= cfg.trials:
                 # The budget is taken by other workers' running trials: wait
                 # for them (one may die, and its trial come back queued).
@@ -367,12 +370,17 @@ def _beating(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
              reporter: Reporter) -> Iterator[None]:
     """Record the worker's host facts on the trial; in a fleet, beat it
     while it runs, and note which dead worker's trial it re-runs."""
-    for k, v in fleet.trial_attrs(fleet.host_facts(prep.host, prep.ctx.install)).items():
-        trial.set_user_attr(k, v)
+    attrs = fleet.trial_attrs(fleet.host_facts(prep.host, prep.ctx.install))
     if not fleet.is_fleet(prep.storage_url):
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
         yield
         return
+    # The first beat before anything else: the window in which a killed
+    # worker leaves a trial never beaten (fleet.reclaim fails it) stays short.
     with fleet.beating(study, trial, prep.cfg.heartbeat_s):
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
         note = fleet.note_retry(study, trial, prep.cfg.heartbeat_s * fleet.GRACE_BEATS)
         if note:
             reporter.note(f"trial {trial.number} {note}")

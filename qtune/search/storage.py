@@ -19,8 +19,8 @@ from qtune.search import fleet
 from qtune.search.config import TuneConfig, check_study_name
 from qtune.search.records import StudyAttr, TrialRecord, TrialStatus
 
-_STORAGE_HINT = ("e.g. sqlite:///studies/x.db, postgresql://user@host/db, or "
-                 "journal:///path/file.log")
+_STORAGE_HINT = ("e.g. sqlite:///studies/x.db, postgresql://user@host/db, "
+                 "grpc://proxy:13000, or journal:///path/file.log")
 
 
 def check_storage_url(url: str) -> None:
@@ -31,6 +31,8 @@ def check_storage_url(url: str) -> None:
     if "://" not in url:
         # Not echoed: a mistyped URL may still hold a password.
         raise InputError("--storage: not a URL (no scheme://)", hint=_STORAGE_HINT)
+    if url.startswith("grpc://"):
+        fleet.parse_grpc_url(url)
     path = storage_path(url)
     if path is None:
         return
@@ -160,6 +162,8 @@ def open_storage(url: str, *, read_only: bool = False,
     sqlite is opened read-only.  ``heartbeat_s``: a database server shared
     by workers (``qtune.search.fleet``) gets Optuna's heartbeat and retry of
     a dead worker's trial."""
+    if url.startswith("grpc://"):
+        return _open_proxy(url)
     path = storage_path(url)
     if read_only and path is not None and not path.is_file():
         raise StudyError(f"no storage file {printable(str(path))}",
@@ -182,12 +186,13 @@ def open_storage(url: str, *, read_only: bool = False,
         kwargs: dict[str, Any] = (
             {"connect_args": {"timeout": 20.0}} if url.startswith("sqlite") else {})
         beat: dict[str, Any] = {}
-        if heartbeat_s is not None and fleet.is_fleet(url):
-            beat = fleet.storage_kwargs(heartbeat_s)
-            fleet.quiet_heartbeat_warning()
+        if fleet.is_fleet(url):
             # A pooled connection is checked before use: a database restarted
-            # between two calls costs a reconnect, not the worker.
+            # between two calls costs a reconnect, not the worker (or proxy).
             kwargs["pool_pre_ping"] = True
+            if heartbeat_s is not None:
+                beat = fleet.storage_kwargs(heartbeat_s)
+                fleet.quiet_heartbeat_warning()
         with warnings.catch_warnings():
             # The heartbeat arguments are "experimental" in Optuna's words:
             # a warning on every worker's start says nothing to its user.
@@ -209,3 +214,31 @@ def open_storage(url: str, *, read_only: bool = False,
             f"{exc}".splitlines()[0][:300],
             hint="check the URL; PostgreSQL needs its driver: pip install 'qtune[fleet]'",
         ) from None
+
+
+# How long a worker waits for the storage proxy to answer when it starts.
+PROXY_WAIT_S = 20.0
+
+
+def _open_proxy(url: str) -> optuna.storages.BaseStorage:
+    """A client of Optuna's gRPC storage proxy (``qtune storage-proxy``),
+    once the proxy answers."""
+    host, port = fleet.parse_grpc_url(url)
+    shown = f"grpc://{printable(host)}:{port}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            proxy = optuna.storages.GrpcStorageProxy(host=host, port=port)
+    except ImportError:
+        raise StudyError(f"cannot open storage {shown}: grpcio is not installed",
+                         hint="pip install 'qtune[fleet]'") from None
+    try:
+        proxy.wait_server_ready(timeout=PROXY_WAIT_S)
+    except ConnectionError:
+        proxy.close()
+        raise StudyError(f"no storage proxy answers at {shown} (waited "
+                         f"{PROXY_WAIT_S:.0f} s)",
+                         hint="start it first, on a host that reaches the database: "
+                         f"qtune storage-proxy --storage postgresql://... --port {port}"
+                         ) from None
+    return proxy

@@ -3,7 +3,8 @@ each a process of its own running the stand-in engine's real servers: the
 study-wide budget, one baseline, one finish; a worker SIGKILLed mid-trial
 (its trial re-queued with the reason, its server gone, nothing counted
 twice); a database stopped mid-trial (the worker stops its server and
-exits with one error line; a restarted worker completes the study)."""
+exits with one error line; a restarted worker completes the study); a
+worker killed before its trial's first heartbeat."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from optuna.trial import TrialState
 
 from qtune.search.fleet import FleetAttr
 from qtune.search.records import LAUNCHED, Attr, StudyAttr, TrialStatus
+from qtune.search.storage import open_storage
 
 ROOT = Path(__file__).parents[2]
 pytestmark = pytest.mark.timeout(300)
@@ -233,3 +235,43 @@ def test_a_short_database_restart_is_ridden_out(postgres, tmp_path):
     study = load(url, "blip")
     assert study.trials[trial.number].user_attrs.get(Attr.STATUS) in LAUNCHED
     assert len(launched(study)) == 3 and res["profile"]
+
+
+def test_a_trial_whose_worker_died_before_its_first_beat_is_run_again(postgres, tmp_path):
+    """A worker killed between asking for a trial and its first heartbeat
+    left a RUNNING trial no heartbeat would ever call stale: the other
+    workers waited for it for ever.  The password in the URL shows nowhere."""
+    url = postgres.new_database()
+    secret = "Zq9-s3cret"
+    # The test server trusts every login: the password is sent, never checked.
+    cfg = config(tmp_path, url.replace("qtune@", f"qtune:{secret}@"), "orphan",
+                 trials=2, confirm_top=0)
+    rc, _, err = finish(spawn(cfg))
+    assert rc == 0, err
+    study = optuna.load_study(study_name="orphan",
+                              storage=open_storage(url, heartbeat_s=1))
+    orphan = study.ask()  # ... and its worker is gone before beating it
+    worker = spawn({**cfg, "trials": 3})
+    try:
+        out, err = worker.communicate(timeout=90)
+    finally:
+        worker.kill()
+    assert worker.returncode == 0, err
+    study = load(url, "orphan")
+    assert study.trials[orphan.number].state == TrialState.FAIL
+    runs = launched(study)
+    assert len(runs) == 3
+    assert sum(1 for t in runs if t.user_attrs.get(Attr.BASELINE)) == 1
+    retry = [t for t in runs if t.user_attrs.get(FleetAttr.RETRY_OF) == orphan.number]
+    assert len(retry) == 1 and "never beat it" in retry[0].user_attrs[FleetAttr.RETRY_REASON]
+    assert not [t for t in study.get_trials() if t.state == TrialState.RUNNING]
+    assert_secret_nowhere(secret, out + err, tmp_path)
+
+
+def assert_secret_nowhere(secret: str, output: str, root: Path) -> None:
+    """Not in the output, nor any file a study wrote (profile, trials.csv,
+    logs)."""
+    assert secret not in output
+    for f in root.rglob("*"):
+        if f.is_file():
+            assert secret.encode() not in f.read_bytes(), f
