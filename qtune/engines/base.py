@@ -54,6 +54,9 @@ class Param:
     # Launch only powers of two (ints): fewer distinct values, so a later
     # trial can reuse what an earlier one compiled (vLLM's compile ranges).
     pow2: bool = False
+    # Searched only when a --space file names it: a dimension this host can
+    # run but that measured not to pay here (the engine's help says why).
+    opt_in: bool = False
 
     def __post_init__(self) -> None:
         if self.kind in ("int", "float") and (

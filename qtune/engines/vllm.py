@@ -392,23 +392,26 @@ class VLLM(Engine):
         # the scheduler and a local load client run: on the 2-vCPU target,
         # 0 reserved (OpenMP on both cores) served 15% less in verify's ABBA
         # starts (benchmarks/results/cpu-levers-20261130), and nobind puts
-        # the compute threads there too.  Placement is a choice worth a
-        # launch only where one core is a small share of the host.
+        # the compute threads there too.  There placement and the reserve
+        # are searched only when a --space file names them.
         few = len(cores) < _BIND_MIN_CORES
-        binds = {} if few else {c.value: c.why for tp in tps
-                                for c in cpubind.bind_choices(nodes, usable, cores, tp)}
+        why_few = (f" (searched on this {len(cores)}-core host only when --space names it: "
+                   "the reserved core runs the API server and client)") if few else ""
+        binds = {c.value: c.why for tp in tps
+                 for c in cpubind.bind_choices(nodes, usable, cores, tp)}
         if len(binds) > 1:
             out.append(Param(
                 "VLLM_CPU_OMP_THREADS_BIND", "choice", choices=tuple(binds), target="env",
-                help="OpenMP thread placement. " + "; ".join(
-                    f"{v}: {why}" for v, why in binds.items())))
-        reserve = [] if few else sorted(
-            {r for tp in tps for r in cpubind.reserve_choices(nodes, usable, cores, tp)})
+                opt_in=few, help="OpenMP thread placement. " + "; ".join(
+                    f"{v}: {why}" for v, why in binds.items()) + why_few))
+        reserve = sorted({r for tp in tps
+                          for r in cpubind.reserve_choices(nodes, usable, cores, tp)})
         if len(reserve) > 1:
             out.append(Param(
                 "VLLM_CPU_NUM_OF_RESERVED_CPU", "choice", choices=tuple(reserve),
-                target="env", help="cores auto binding keeps off the compute threads "
-                                   "for the API server and scheduler (default: 1 per rank)"))
+                target="env", opt_in=few,
+                help="cores auto binding keeps off the compute threads for the API "
+                     "server and scheduler (default: 1 per rank)" + why_few))
         allocs = [path for name, path in sorted(ctx.host.allocators.items())
                   if name == "tcmalloc" or not _bundles_tcmalloc(ctx.install.location)]
         if allocs:
@@ -749,8 +752,8 @@ class VLLM(Engine):
 _NO_PRELOAD = "glibc"
 
 
-# Physical cores below which thread placement and the reserve stay vLLM's
-# (see _cpu_host_params).
+# Physical cores below which thread placement and the reserve are searched
+# only when a --space file names them (see _cpu_host_params).
 _BIND_MIN_CORES = 8
 
 

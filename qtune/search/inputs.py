@@ -138,6 +138,8 @@ def prepare(cfg: TuneConfig) -> Prepared:
     fixed: dict[str, Any] = {}
     if override is not None:
         params, fixed = apply_overrides(params, override, engine_args)
+    named = override.entries if override is not None else {}
+    params = [p for p in params if not p.opt_in or p.name in named]
     make_sampler(cfg.sampler, params, cfg.seed, cfg.trials)  # fail before any file
     user_set = frozenset(override.entries) if override is not None else frozenset()
     return Prepared(cfg, host, engine, ctx, params, fixed, direction, study_name,

@@ -7,9 +7,16 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+import pytest
+
 from qtune.engines.vllm import VLLM
 from qtune.host import probe
+from qtune.host.installed import EngineInstall, InstalledEngines
+from qtune.load.workload import Workload
+from qtune.search.config import TuneConfig
+from qtune.search.inputs import prepare
 from tests.conftest import FIX
+from tests.fakes.model import make_model
 from tests.fakes.nvml import NoNVML
 
 XEON = FIX / "hosts" / "xeon-2s-32c-smt"
@@ -25,13 +32,14 @@ def _space(ctx):
     return {p.name: p for p in VLLM().space(ctx)}
 
 
-def test_few_cores_keep_vllms_placement(cpu_ctx):
-    # The 2-vCPU capture: 0 reserved measured 15% slower there, so neither
-    # placement nor the reserve is searched on so few cores.
+def test_few_cores_search_placement_only_when_asked(cpu_ctx):
+    # The 2-vCPU capture: 0 reserved measured 15% slower there, so placement
+    # and the reserve are searched only when a space file names them.
     assert len(cpu_ctx.host.cpu.cores or cpu_ctx.host.cpu.online) < 8
     space = _space(cpu_ctx)
-    assert "VLLM_CPU_OMP_THREADS_BIND" not in space
-    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in space
+    bind, reserve = space["VLLM_CPU_OMP_THREADS_BIND"], space["VLLM_CPU_NUM_OF_RESERVED_CPU"]
+    assert (bind.choices, reserve.choices) == (("auto", "nobind"), (0, 1))
+    assert bind.opt_in and reserve.opt_in and "only when --space names it" in bind.help
     # one node: no tensor parallel, and no allocator library in the capture
     assert "tensor_parallel_size" not in space and "LD_PRELOAD" not in space
 
@@ -47,6 +55,7 @@ def test_single_node_of_many_cores_offers_auto_nobind_and_the_reserve(cpu_ctx):
     assert (bind.choices, bind.target) == (("auto", "nobind"), "env")
     assert "auto: vLLM's default" in bind.help and "nobind: " in bind.help
     assert space["VLLM_CPU_NUM_OF_RESERVED_CPU"].choices[:2] == (0, 1)
+    assert not bind.opt_in and not space["VLLM_CPU_NUM_OF_RESERVED_CPU"].opt_in
     assert "tensor_parallel_size" not in space
 
 
@@ -116,3 +125,25 @@ def test_launch_env(cpu_ctx):
     assert not any("LD_PRELOAD" in a or "OMP" in a for a in spec.argv)
     glibc = v.launch_spec({"LD_PRELOAD": "glibc"}, ctx, host="h", port=1)
     assert "LD_PRELOAD" not in glibc.env
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_a_space_file_opts_in_to_placement_on_few_cores(named, cpu_ctx, tmp_path,
+                                                         monkeypatch):
+    import qtune.search.inputs as inputs
+
+    install = EngineInstall("vllm", "0.32.0", "cpu", sys.executable, "/usr/bin/x")
+    host = dataclasses.replace(cpu_ctx.host,
+                               engines=InstalledEngines(sys.executable, [install]))
+    monkeypatch.setattr(inputs, "probe", lambda **kw: host)
+    monkeypatch.setattr(VLLM, "read_args", lambda self, install: None)
+    space = tmp_path / "space.yaml"
+    space.write_text("VLLM_CPU_OMP_THREADS_BIND: [auto, nobind]\n" if named
+                     else "max_num_seqs: {low: 4, high: 16}\n")
+    cfg = TuneConfig(model=str(make_model(tmp_path / "m")), trials=3, space_file=space,
+                     workload=Workload(input_len=64, output_len=8, concurrency=2),
+                     studies_dir=tmp_path / "studies", profiles_dir=tmp_path / "profiles")
+    names = {p.name for p in prepare(cfg).params}
+    assert ("VLLM_CPU_OMP_THREADS_BIND" in names) is named
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in names  # not named either way
+    assert "max_num_seqs" in names
