@@ -63,6 +63,8 @@ def best_trial(study: optuna.Study, pick: int | None = None) -> TrialRecord | No
     feas = [r for r in recs if r.feasible and r.value is not None]
     if pick is not None:
         return next((r for r in feas if r.number == pick and r.status == TrialStatus.OK), None)
+    # A speculative candidate wins only through its phase's A/B (winner).
+    feas = [r for r in feas if r.spec_of is None]
     if not feas:
         return None
     if len(study.directions) > 1:
@@ -77,6 +79,11 @@ def winner(study: optuna.Study, pick: int | None = None) -> TrialRecord | None:
     configs were re-measured, the best *median* over the confirmation
     repeats; else the best single run (``best_trial``)."""
     best = best_trial(study, pick)
+    kept = (study.user_attrs.get(StudyAttr.SPECULATIVE) or {}).get("kept")
+    if pick is None and kept is not None:
+        # Speculative decoding beat the base config in interleaved repeats.
+        return next((TrialRecord.from_frozen(t) for t in ran_trials(study)
+                     if t.number == kept), best)
     confirmation = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
     if best is None or not confirmation or pick is not None:
         return best
@@ -198,6 +205,12 @@ def trials_frame(study: optuna.Study) -> Any:
         row["req_per_s"] = s.get("request_throughput")
         row["out_tok_per_s"] = s.get("output_token_throughput")
         row["failed"] = s.get("failed")
+        spec = (s.get("server") or {}).get("spec_decode")
+        if r.spec_of is not None or spec:  # the speculative phase (acceptance)
+            row["spec_of"] = r.spec_of
+            row["spec_acceptance"] = spec["acceptance_rate"] if spec else None
+            row["spec_accepted_per_draft"] = (spec["mean_acceptance_length"] - 1
+                                              if spec else None)
         q = Quality.from_dict(r.quality)
         if q is not None:  # the quality gate's figure (qtune.quality)
             row["quality_loss"] = q.loss
@@ -313,6 +326,12 @@ def build_profile(
     quality = _quality_view(best, cfg.max_quality_loss)
     if quality is not None and not quality["measured"]:
         notes.append(f"answer quality {quality['text']}")
+    phase = study.user_attrs.get(StudyAttr.SPECULATIVE)
+    if phase:
+        # (imported here: the phase module reads this one's winner)
+        from qtune.search.speculative import summary_line
+
+        notes.append("speculative decoding: " + summary_line(phase))
     if objective.get("separated") is False:
         notes.append("the winner's confirmation runs overlap the engine defaults': the "
                      "improvement is within this host's run-to-run noise; qtune verify "
@@ -336,6 +355,7 @@ def build_profile(
             "confirmation": study.user_attrs.get(StudyAttr.CONFIRMATION) or None,
             "pareto_front": pareto_front,
             "quality": quality,
+            "speculative": phase or None,
         },
         # A --levels point is a profile for the load it was measured at.
         workload=(cfg.workload if best.load_level is None
