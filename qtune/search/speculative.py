@@ -144,10 +144,7 @@ def speculative_phase(prep: Prepared, study: optuna.Study, reporter: Reporter,
     fit = [r for r in ran if r.feasible and r.value is not None
            and r.status == TrialStatus.OK]
     if not fit:
-        pruned = ran and all(r.status == TrialStatus.PRUNED for r in ran)
-        record({**out, "kept": None, "why": (
-            "every candidate was stopped early: it could not beat the base config"
-            if pruned else "no candidate ran in full and feasibly")})
+        record({**out, "kept": None, "why": "no candidate ran in full and feasibly"})
         return
     sign = -1 if maximize else 1
     best = min(fit, key=lambda r: sign * r.value)  # type: ignore[operator]
