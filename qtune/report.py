@@ -19,8 +19,7 @@ from qtune.errors import StudyError, mask_url
 from qtune.files import check_target, write_atomic
 from qtune.search.config import check_study_name
 from qtune.search.records import Attr, StudyAttr, TrialStatus
-from qtune.search.result import trials_frame, winner
-from qtune.search.speculative import summary_line
+from qtune.search.result import summary_line, trials_frame, winner
 from qtune.search.storage import check_storage_url, open_storage
 
 

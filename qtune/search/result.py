@@ -4,6 +4,7 @@ report``), the Pareto front and its knee, the profile, the trials table."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -328,9 +329,6 @@ def build_profile(
         notes.append(f"answer quality {quality['text']}")
     phase = study.user_attrs.get(StudyAttr.SPECULATIVE)
     if phase:
-        # (imported here: the phase module reads this one's winner)
-        from qtune.search.speculative import summary_line
-
         notes.append("speculative decoding: " + summary_line(phase))
     if objective.get("separated") is False:
         notes.append("the winner's confirmation runs overlap the engine defaults': the "
@@ -369,3 +367,26 @@ def build_profile(
                        baseline_trial=baseline.number if baseline else None),
         notes=notes,
     )
+
+
+def summary_line(rec: Mapping[str, Any]) -> str:
+    """The speculative-decoding phase's outcome (``qtune.search.
+    speculative``, the study's ``speculative`` attribute) in one line: the
+    profile's note, ``qtune report`` and the HTML report."""
+    if not rec.get("searched"):
+        return str(rec.get("why"))
+    parts = []
+    for c in rec.get("candidates") or []:
+        sd = c.get("spec_decode")
+        acc = f"acceptance {sd['acceptance_rate']:.0%}" if sd else "no drafts"
+        parts.append(f"trial {c['trial']} ({c['config']}): {acc}")
+    head = "; ".join(parts)
+    if rec.get("gain") is None:
+        return f"{head}; {rec.get('why')}"
+    ci = rec.get("gain_ci95")
+    interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+    verdict = (f"kept trial {rec['kept']}" if rec.get("kept") is not None
+               else "not kept")
+    return (f"{head}; trial {rec['compared']} against base trial {rec['base_trial']} in "
+            f"{rec['repeats']} interleaved rounds: {rec['gain']:.2f}x{interval}, "
+            f"{verdict} ({rec['why']})")

@@ -28,7 +28,7 @@ from qtune.objectives import get_objective
 from qtune.search.inputs import Prepared
 from qtune.search.records import Attr, StudyAttr, TrialRecord, TrialStatus
 from qtune.search.reporter import Reporter
-from qtune.search.result import winner
+from qtune.search.result import summary_line, winner
 from qtune.search.trial import bench_config
 from qtune.server import free_port
 from qtune.stats import bootstrap_median, ratio_ci
@@ -194,24 +194,3 @@ def _ab(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: Report
             view = spec_view(summary)
             accept.append(view["acceptance_rate"] if view else None)
     return values, failures, accept
-
-
-def summary_line(rec: Mapping[str, Any]) -> str:
-    """The phase's outcome in one line (notes, profile, reports)."""
-    if not rec.get("searched"):
-        return str(rec.get("why"))
-    parts = []
-    for c in rec.get("candidates") or []:
-        sd = c.get("spec_decode")
-        acc = f"acceptance {sd['acceptance_rate']:.0%}" if sd else "no drafts"
-        parts.append(f"trial {c['trial']} ({c['config']}): {acc}")
-    head = "; ".join(parts)
-    if rec.get("gain") is None:
-        return f"{head}; {rec.get('why')}"
-    ci = rec.get("gain_ci95")
-    interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
-    verdict = (f"kept trial {rec['kept']}" if rec.get("kept") is not None
-               else "not kept")
-    return (f"{head}; trial {rec['compared']} against base trial {rec['base_trial']} in "
-            f"{rec['repeats']} interleaved rounds: {rec['gain']:.2f}x{interval}, "
-            f"{verdict} ({rec['why']})")

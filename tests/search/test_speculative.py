@@ -18,7 +18,8 @@ from qtune.metrics import spec_acceptance
 from qtune.model import resolve_model
 from qtune.profile import Profile
 from qtune.search import tune
-from qtune.search.speculative import decide, summary_line
+from qtune.search.result import summary_line
+from qtune.search.speculative import decide
 from tests.fakes.engine import FakeEngine
 from tests.search.test_study_fake_engine import fake  # noqa: F401  (fixture)
 
