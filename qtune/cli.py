@@ -344,6 +344,10 @@ def search(
         min=1, help="On a database server storage (a fleet of workers): seconds "
         "between a running trial's heartbeats; a trial 5 beats late is failed "
         "and re-queued.")] = 60,
+    speculative: Annotated[str, typer.Option(
+        help="auto: after the search, try the engine's speculative decoding on the "
+        "best config (real weights only) and keep it if it wins beyond the noise in "
+        "interleaved repeats; off: never.")] = "auto",
     force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
@@ -365,7 +369,7 @@ def search(
                      levels=parse_levels(levels), prune_margin=prune_margin,
                      force=force, max_quality_loss=max_quality_loss, gpus=gpus,
                      finish=finish, allow_mixed_hosts=allow_mixed_hosts,
-                     heartbeat_s=heartbeat)
+                     heartbeat_s=heartbeat, speculative=speculative)
     prep = prepare(cfg)
     with console.SearchReporter(objective) as rep:
         res = run_study(prep, rep)

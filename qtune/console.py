@@ -216,6 +216,12 @@ class SearchReporter:
         err.print(Text(f"    {line}", style=style))
         if rec.status == "ok" and (uneven := _uneven_replicas(rec.summary.get("server"))):
             err.print(Text(f"    {uneven}", style="yellow"))
+        spec = ((rec.summary or {}).get("server") or {}).get("spec_decode")
+        if rec.status == "ok" and spec:  # speculative decoding: the engine's counters
+            err.print(Text(f"    speculative: acceptance {spec['acceptance_rate']:.1%} "
+                           f"({spec['accepted_tokens']}/{spec['draft_tokens']} draft "
+                           f"tokens), {spec['mean_acceptance_length']:.2f} tokens per "
+                           "drafted step", style="dim"))
         if rec.status == "ok" and rec.quality and rec.server_of is None:
             from qtune.quality import Quality
 
@@ -581,6 +587,10 @@ def render_report(res: dict[str, Any]) -> None:
     scored = any(_number(r.get("quality_loss")) is not None for r in res["trials"])
     if scored:
         t.add_column("quality", no_wrap=True)
+    # Speculative decoding's acceptance rate, where a trial drafted.
+    drafted = any(_number(r.get("spec_acceptance")) is not None for r in res["trials"])
+    if drafted:
+        t.add_column("accept", no_wrap=True)
     if wide:
         t.add_column("params / reason")
     below = []
@@ -597,6 +607,9 @@ def render_report(res: dict[str, Any]) -> None:
             what = f"{why}{str(r['detail'])[:200]}" if r["detail"] else what
         loss = _number(r.get("quality_loss"))
         quality = [] if not scored else ["-" if loss is None else f"{loss * 100:+.2f}%"]
+        acc = _number(r.get("spec_acceptance"))
+        if drafted:
+            quality.append("-" if acc is None else f"{acc:.0%}")
         style = "green" if r["trial"] == res["best_trial"] else (
             "" if r["status"] == "ok" else "dim")
         t.add_row(str(r["trial"]) + (" (base)" if r["baseline"] else ""), r["status"],
@@ -610,6 +623,8 @@ def render_report(res: dict[str, Any]) -> None:
         out.print(Text("trial  params / reason", style="bold"))
         for line in below:
             out.print(line)
+    if res.get("speculative"):
+        out.print(f"speculative decoding: {res['speculative']}")
     if res["importances"]:
         out.print("importance: " + ", ".join(
             f"{k} {v:.2f}" for k, v in sorted(res["importances"].items(),

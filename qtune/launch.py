@@ -73,6 +73,11 @@ class MetricNames:
     e2e_seconds: str | None = None
     # the label naming the served model on every sample
     model_label: str | None = None
+    # speculative decoding's counters (drafts proposed, draft tokens in
+    # them, draft tokens the target accepted): the acceptance rate
+    spec_drafts: str | None = None
+    spec_draft_tokens: str | None = None
+    spec_accepted_tokens: str | None = None
 
     @property
     def gauges(self) -> tuple[str, ...]:

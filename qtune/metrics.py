@@ -78,6 +78,22 @@ def metric_value(summary: dict[str, Any], name: str) -> float | None:
     return float(stats[pct])
 
 
+def spec_acceptance(drafts: float, draft_tokens: float,
+                    accepted: float) -> dict[str, Any] | None:
+    """Speculative decoding over a phase, from the engine's counter deltas,
+    with vLLM's own definitions (``vllm/v1/spec_decode/metrics.py``): the
+    acceptance rate is accepted draft tokens over proposed ones; the mean
+    acceptance length counts the token the verifying step adds itself, so
+    it is the tokens one step yields when a draft was proposed.  None when
+    nothing was drafted (speculative decoding off, or never a match)."""
+    if drafts <= 0 or draft_tokens <= 0:
+        return None
+    return {"drafts": int(drafts), "draft_tokens": int(draft_tokens),
+            "accepted_tokens": int(accepted),
+            "acceptance_rate": accepted / draft_tokens,
+            "mean_acceptance_length": 1 + accepted / drafts}
+
+
 # Per-request limits checkable on one request (vLLM's --goodput keys).
 _PER_REQUEST = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e"}
 

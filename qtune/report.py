@@ -19,7 +19,7 @@ from qtune.errors import StudyError, mask_url
 from qtune.files import check_target, write_atomic
 from qtune.search.config import check_study_name
 from qtune.search.records import Attr, StudyAttr, TrialStatus
-from qtune.search.result import trials_frame, winner
+from qtune.search.result import summary_line, trials_frame, winner
 from qtune.search.storage import check_storage_url, open_storage
 
 
@@ -192,6 +192,15 @@ def _quality_html(study: optuna.Study, df: Any) -> str:
     return f"<h2>Answer quality</h2>{head}<ul>{rows}</ul>"
 
 
+def _speculative_html(study: optuna.Study) -> str:
+    """The speculative-decoding phase (qtune.search.speculative): its
+    candidates' acceptance and the A/B against the base config."""
+    rec = study.user_attrs.get(StudyAttr.SPECULATIVE)
+    if not rec:
+        return ""
+    return f"<h2>Speculative decoding</h2><p>{html.escape(summary_line(rec))}</p>"
+
+
 def render_html(study: optuna.Study, url: str, df: Any, imp: dict[str, float]) -> str:
     objective = study.user_attrs.get(StudyAttr.OBJECTIVE, "value")
     maximize = _maximize(study)
@@ -221,7 +230,7 @@ objective <b>{html.escape(objective)}</b> ({"max" if maximize else "min"}imise);
 workload <code>{html.escape(str(wl))}</code></p>
 <div class="grid">{history_svg(df, objective, maximize)}{trade}</div>
 {importance_svg(imp)}
-<h2>Trials</h2>{table}{quality}
+<h2>Trials</h2>{table}{quality}{_speculative_html(study)}
 <h2>Failures, pruned and skipped trials</h2><ul>{fail_rows or "<li>none</li>"}</ul>
 </body></html>
 """
@@ -271,4 +280,10 @@ def report(name: str, storage: str | None, *, csv: Path | None = None,
     return {"study": name, "storage": mask_url(url),
             "objective": study.user_attrs.get(StudyAttr.OBJECTIVE),
             "trials": df.to_dict(orient="records"), "best_trial": best,
-            "importances": imp, "counts": counts}
+            "importances": imp, "counts": counts,
+            **({"speculative": _speculative_line(study)}
+               if study.user_attrs.get(StudyAttr.SPECULATIVE) else {})}
+
+
+def _speculative_line(study: optuna.Study) -> str:
+    return summary_line(study.user_attrs[StudyAttr.SPECULATIVE])

@@ -289,6 +289,14 @@ class Engine(abc.ABC):
                 "--engine-python PATH of its Python")
 
 
+    def speculative(self, ctx: SpaceContext) -> tuple[list[dict[str, Any]], list[str]]:
+        """Speculative decoding for the spec phase (``qtune.search.
+        speculative``), run on top of the best base config once it is known:
+        (candidates, each the params added to the base config; one note per
+        method the build has that cannot run here, and why).  Default:
+        nothing to try."""
+        return [], [f"{self.name}: no speculative decoding known to qtune"]
+
     # Quality (qtune.quality): what the model answers on a real-weights server
 
     def changes_numerics(self, params: Mapping[str, Any]) -> dict[str, Any]:

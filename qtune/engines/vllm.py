@@ -220,7 +220,19 @@ _METRICS = MetricNames(
     itl_seconds="vllm:inter_token_latency_seconds",
     e2e_seconds="vllm:e2e_request_latency_seconds",
     model_label="model_name",
+    spec_drafts="vllm:spec_decode_num_drafts",
+    spec_draft_tokens="vllm:spec_decode_num_draft_tokens",
+    spec_accepted_tokens="vllm:spec_decode_num_accepted_tokens",
 )
+
+# n-gram prompt lookup points the spec phase tries on top of the base config
+# (num_speculative_tokens, prompt_lookup_max, prompt_lookup_min).  vLLM's own
+# default lookup is 5..5, a match of five tokens that prose seldom repeats;
+# a shorter match (2..4) proposes more often, and a draft pays only as far
+# as it is accepted, so a short and a longer draft are both tried.
+_NGRAM_POINTS = ((3, 4, 2), (5, 5, 3))
+# Methods that need trained heads or layers for the served model.
+_HEADS = ("eagle", "eagle3", "medusa", "mlp_speculator", "dflash", "dspark")
 
 # Published images per build; the tag pins the version the profile was
 # tuned on (never :latest).
@@ -612,6 +624,12 @@ class VLLM(Engine):
         elif n_gpus > 1 and n_gpus > len(ctx.host.gpus):
             out.append(f"tensor x pipeline x data parallel sizes ({n_gpus}) > "
                        f"{len(ctx.host.gpus)} GPUs")
+        spec = params.get("speculative_config")
+        if isinstance(spec, Mapping) and spec.get("method") == "ngram":
+            lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
+            if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
+                out.append(f"speculative prompt_lookup_min ({lo}) > "
+                           f"prompt_lookup_max ({hi})")
         return out
 
     def launch_spec(
@@ -702,6 +720,37 @@ class VLLM(Engine):
                             pp=int(params.get("pipeline_parallel_size", 1)),
                             max_model_len=mml, kv_dtype=kv_dtype,
                             quantization=str(params.get("quantization", "none")))
+
+    def speculative(self, ctx: SpaceContext) -> tuple[list[dict[str, Any]], list[str]]:
+        """n-gram prompt lookup (``_NGRAM_POINTS``) when the installed vLLM's
+        SpeculativeConfig accepts ``ngram`` (read from the build, see
+        ``vllm_args``; 0.32's facts when it could not be read), and a note
+        for each method it accepts that cannot run here."""
+        info = (ctx.engine_args or {}).get("speculative_config")
+        if ctx.engine_args is not None and info is None:
+            return [], ["this vLLM has no --speculative-config"]
+        methods = set((info or {}).get("methods") or ("ngram", "draft_model", "eagle",
+                                                      "eagle3", "mtp", "suffix"))
+        notes = []
+        if "draft_model" in methods:
+            notes.append("draft_model: needs a smaller model with this model's tokenizer "
+                         "(none is given to qtune)")
+        heads = sorted(m for m in methods if m in _HEADS)
+        if heads:
+            notes.append(f"{', '.join(heads)}: need draft heads trained for this model "
+                         "(none is given to qtune)")
+        mtp = sorted(m for m in methods if m == "mtp" or m.endswith("_mtp"))
+        if mtp and not any(k in ctx.model.config for k in
+                           ("num_nextn_predict_layers", "mtp_num_hidden_layers")):
+            notes.append(f"mtp ({len(mtp)} variants): the model's config has no "
+                         "multi-token-prediction layers")
+        if "suffix" in methods and not (info or {}).get("suffix_installed"):
+            notes.append("suffix: needs the arctic-inference package, not installed")
+        if "ngram" not in methods:
+            return [], notes
+        return [{"speculative_config": {"method": "ngram", "num_speculative_tokens": k,
+                                        "prompt_lookup_max": hi, "prompt_lookup_min": lo}}
+                for k, hi, lo in _NGRAM_POINTS], notes
 
     def changes_numerics(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A KV cache, weights or activations in another format than the
@@ -819,6 +868,8 @@ def to_flag(name: str, value: Any, info: dict[str, Any] | None = None) -> list[s
     flag = info["flag"] if info else "--" + name.replace("_", "-")
     if info and info["kind"] == "flag":  # store_true: only the positive form
         return [flag] if value else []
+    if isinstance(value, Mapping):  # a config given as JSON (--speculative-config)
+        return [flag, json.dumps(dict(value), sort_keys=True, separators=(",", ":"))]
     if isinstance(value, bool):
         return [flag] if value else ["--no-" + flag[2:]]
     return [flag, str(value)]

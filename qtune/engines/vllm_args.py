@@ -54,6 +54,25 @@ try:
             f.name for f in dataclasses.fields(PassConfig)]
 except Exception:
     pass
+# Speculative decoding: the methods this version's SpeculativeConfig accepts
+# (its Literal, flattened) and its fields, for the spec phase's candidates.
+try:
+    import dataclasses, typing
+    from vllm.config import speculative as spec
+    def flat(t):
+        args = typing.get_args(t)
+        return [x for a in args for x in flat(a)] if args else [t]
+    if "speculative_config" in out:
+        out["speculative_config"]["methods"] = sorted(
+            {m for m in flat(spec.SpeculativeMethod) if isinstance(m, str)})
+        out["speculative_config"]["fields"] = [
+            f.name for f in dataclasses.fields(spec.SpeculativeConfig)]
+        # suffix decoding needs Arctic Inference, a package of its own
+        import importlib.util
+        out["speculative_config"]["suffix_installed"] = (
+            importlib.util.find_spec("arctic_inference") is not None)
+except Exception:
+    pass
 print("QTUNE-ARGS" + json.dumps(out, default=str))
 """
 
@@ -62,5 +81,5 @@ def engine_args(install: EngineInstall, timeout: float = 180.0) -> dict[str, Any
     """{dest: {flag, kind, default, choices}} or None when it cannot be read
     (qtune then uses its built-in space for vLLM 0.32)."""
     data: dict[str, Any] | None = engine_json(
-        install, f"vllm-{install.version}-{install.build}-args-v2.json", _SCRIPT, timeout)
+        install, f"vllm-{install.version}-{install.build}-args-v3.json", _SCRIPT, timeout)
     return data

@@ -38,6 +38,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from qtune.launch import MetricNames
+from qtune.metrics import spec_acceptance
 
 # engine_peaks key of the per-engine peak of running + waiting requests
 _HELD = "held"
@@ -195,6 +196,10 @@ class MetricsWatcher:
             "generation_tokens": (int(delta(n.generation_tokens))
                                   if n.generation_tokens else None),
         }
+        spec = spec_acceptance(delta(n.spec_drafts), delta(n.spec_draft_tokens),
+                               delta(n.spec_accepted_tokens))
+        if spec is not None:  # only a server that drafted: other views unchanged
+            out["spec_decode"] = spec
         engines = sorted(last.get(n.generation_tokens or "", {}), key=_engine_order)
         if len(engines) > 1:
             peaks = self.engine_peaks

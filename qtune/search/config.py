@@ -219,6 +219,9 @@ class TuneConfig:
     finish: bool = False  # --finish: only the confirmation and the profile
     allow_mixed_hosts: bool = False  # trials from other GPUs / engine versions
     heartbeat_s: int = 60  # seconds between a running trial's heartbeats
+    # auto: after the main search, try the engine's speculative decoding on
+    # the best config (real weights only); off: never (qtune.search.speculative)
+    speculative: str = "auto"
 
 
 # Study names become file and folder names under studies/ and profiles/:
@@ -271,6 +274,9 @@ def check_config(cfg: TuneConfig) -> None:
     if cfg.pick is not None and cfg.pick < 0:
         raise InputError(f"--pick {cfg.pick}: trial numbers start at 0",
                          hint="qtune report STUDY lists the trials")
+    if cfg.speculative not in ("auto", "off"):
+        raise InputError(f"--speculative {cfg.speculative}: not a choice",
+                         hint="auto (try it on the best config, real weights only) or off")
     if cfg.study is not None:
         check_study_name(cfg.study)
     if cfg.finish and cfg.study is None:

@@ -77,6 +77,9 @@ class Attr:
     # defaults, and (the defaults' trial only) the reference sample.
     QUALITY = "quality"
     QUALITY_SAMPLE = "quality_sample"
+    # The speculative-decoding phase (qtune.search.speculative): the base
+    # trial a speculative candidate ran on top of.
+    SPEC_OF = "spec_of"
 
 
 class StudyAttr:
@@ -92,6 +95,7 @@ class StudyAttr:
     SPACE_NOTES = "space_notes"
     CONFIRMATION = "confirmation"  # trial number (str) -> medians of re-runs
     MAX_QUALITY_LOSS = "max_quality_loss"
+    SPECULATIVE = "speculative"  # the spec phase: candidates, A/B, kept or not
 
 
 @dataclass
@@ -119,6 +123,7 @@ class TrialRecord:
     started: str | None = None  # ISO times from the study (Optuna's own)
     finished: str | None = None
     quality: dict[str, Any] | None = None  # qtune.quality.Quality.to_dict()
+    spec_of: int | None = None  # a speculative candidate: its base trial
 
     @classmethod
     def from_frozen(cls, t: optuna.trial.FrozenTrial) -> TrialRecord:
@@ -151,6 +156,7 @@ class TrialRecord:
             finished=a.get(Attr.FINISHED) or (t.datetime_complete.isoformat()
                                               if t.datetime_complete else None),
             quality=a.get(Attr.QUALITY),
+            spec_of=a.get(Attr.SPEC_OF),
         )
 
 

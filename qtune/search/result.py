@@ -4,6 +4,7 @@ report``), the Pareto front and its knee, the profile, the trials table."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,8 @@ def best_trial(study: optuna.Study, pick: int | None = None) -> TrialRecord | No
     feas = [r for r in recs if r.feasible and r.value is not None]
     if pick is not None:
         return next((r for r in feas if r.number == pick and r.status == TrialStatus.OK), None)
+    # A speculative candidate wins only through its phase's A/B (winner).
+    feas = [r for r in feas if r.spec_of is None]
     if not feas:
         return None
     if len(study.directions) > 1:
@@ -77,6 +80,11 @@ def winner(study: optuna.Study, pick: int | None = None) -> TrialRecord | None:
     configs were re-measured, the best *median* over the confirmation
     repeats; else the best single run (``best_trial``)."""
     best = best_trial(study, pick)
+    kept = (study.user_attrs.get(StudyAttr.SPECULATIVE) or {}).get("kept")
+    if pick is None and kept is not None:
+        # Speculative decoding beat the base config in interleaved repeats.
+        return next((TrialRecord.from_frozen(t) for t in ran_trials(study)
+                     if t.number == kept), best)
     confirmation = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
     if best is None or not confirmation or pick is not None:
         return best
@@ -198,6 +206,12 @@ def trials_frame(study: optuna.Study) -> Any:
         row["req_per_s"] = s.get("request_throughput")
         row["out_tok_per_s"] = s.get("output_token_throughput")
         row["failed"] = s.get("failed")
+        spec = (s.get("server") or {}).get("spec_decode")
+        if r.spec_of is not None or spec:  # the speculative phase (acceptance)
+            row["spec_of"] = r.spec_of
+            row["spec_acceptance"] = spec["acceptance_rate"] if spec else None
+            row["spec_accepted_per_draft"] = (spec["mean_acceptance_length"] - 1
+                                              if spec else None)
         q = Quality.from_dict(r.quality)
         if q is not None:  # the quality gate's figure (qtune.quality)
             row["quality_loss"] = q.loss
@@ -313,6 +327,9 @@ def build_profile(
     quality = _quality_view(best, cfg.max_quality_loss)
     if quality is not None and not quality["measured"]:
         notes.append(f"answer quality {quality['text']}")
+    phase = study.user_attrs.get(StudyAttr.SPECULATIVE)
+    if phase:
+        notes.append("speculative decoding: " + summary_line(phase))
     if objective.get("separated") is False:
         notes.append("the winner's confirmation runs overlap the engine defaults': the "
                      "improvement is within this host's run-to-run noise; qtune verify "
@@ -336,6 +353,7 @@ def build_profile(
             "confirmation": study.user_attrs.get(StudyAttr.CONFIRMATION) or None,
             "pareto_front": pareto_front,
             "quality": quality,
+            "speculative": phase or None,
         },
         # A --levels point is a profile for the load it was measured at.
         workload=(cfg.workload if best.load_level is None
@@ -349,3 +367,26 @@ def build_profile(
                        baseline_trial=baseline.number if baseline else None),
         notes=notes,
     )
+
+
+def summary_line(rec: Mapping[str, Any]) -> str:
+    """The speculative-decoding phase's outcome (``qtune.search.
+    speculative``, the study's ``speculative`` attribute) in one line: the
+    profile's note, ``qtune report`` and the HTML report."""
+    if not rec.get("searched"):
+        return str(rec.get("why"))
+    parts = []
+    for c in rec.get("candidates") or []:
+        sd = c.get("spec_decode")
+        acc = f"acceptance {sd['acceptance_rate']:.0%}" if sd else "no drafts"
+        parts.append(f"trial {c['trial']} ({c['config']}): {acc}")
+    head = "; ".join(parts)
+    if rec.get("gain") is None:
+        return f"{head}; {rec.get('why')}"
+    ci = rec.get("gain_ci95")
+    interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+    verdict = (f"kept trial {rec['kept']}" if rec.get("kept") is not None
+               else "not kept")
+    return (f"{head}; trial {rec['compared']} against base trial {rec['base_trial']} in "
+            f"{rec['repeats']} interleaved rounds: {rec['gain']:.2f}x{interval}, "
+            f"{verdict} ({rec['why']})")

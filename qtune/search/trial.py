@@ -87,7 +87,10 @@ def _run_trial_inner(
     rec = TrialRecord(n, params, TrialStatus.OK, baseline=baseline, log=str(log_path))
     best = best_trial(study)
     capacity = cfg.objective == "capacity"
-    watch = None if baseline or capacity else make_pruner(
+    # A speculative candidate runs in full: its acceptance rate is what it
+    # is for, and it is judged against its base in the phase's A/B.
+    candidate = trial.user_attrs.get(Attr.SPEC_OF) is not None
+    watch = None if baseline or capacity or candidate else make_pruner(
         cfg, best.value if best and prep.direction != "pareto" else None)
 
     def ready(startup_s: float) -> None:
