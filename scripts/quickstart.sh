@@ -8,14 +8,18 @@
 # defaults' (the quality gate); the profile states the figure.  24 measured
 # requests a trial, not the default 200: on 2 cores the real model serves
 # about 0.7 req/s at 4 streams.  The search took 10.5 minutes here after the
-# install.
+# install.  Speculative decoding (n-gram prompt lookup, tried on the winner
+# after the search) is left out unless SPECULATIVE=auto: it adds 2 trials and
+# 6 fresh starts (~10 minutes here), and on 2 cores it lost (0.78x E2E p99,
+# benchmarks/results/spec-decode-20261201).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/qtune probe
 .venv/bin/qtune search --model smollm2-135m --dataset builtin:python-docs \
   --requests "${REQUESTS:-24}" --warmup 4 --trials "${TRIALS:-3}" --study quickstart \
-  --confirm-top 2 --confirm-repeats 1 --out profiles/quickstart.yaml
+  --confirm-top 2 --confirm-repeats 1 --speculative "${SPECULATIVE:-off}" \
+  --out profiles/quickstart.yaml
 echo; echo "== profiles/quickstart.yaml"; cat profiles/quickstart.yaml
 .venv/bin/qtune emit profiles/quickstart.yaml --format systemd -o profiles/quickstart.service
 echo; echo "== profiles/quickstart.service"; cat profiles/quickstart.service

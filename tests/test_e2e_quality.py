@@ -31,8 +31,8 @@ def test_a_study_refuses_a_config_whose_quality_drops_beyond_the_threshold(tmp_p
     r = qtune("search", "--model", "smollm2-135m", "--trials", "2", "--sampler", "random",
               "--space", "space.yaml", "--study", "q", "--json", "--confirm-top", "0",
               "--max-quality-loss", "0.005", "--dataset", "builtin:python-docs",
-              "--concurrency", "4", "--requests", "8", "--warmup", "2", cwd=tmp_path,
-              timeout=1200)
+              "--concurrency", "4", "--requests", "8", "--warmup", "2",
+              "--speculative", "off", cwd=tmp_path, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout)
     base, fp8 = res["trials"]
