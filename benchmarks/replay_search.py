@@ -18,7 +18,9 @@ counts them: the engine defaults are the first):
   single measurement.
 - ``tpe+confirm``: qtune search as a user runs it: TPE and the top-3
   confirmation (x2 fresh starts, the defaults re-measured with them),
-  whose 8 launches come out of the same budget.
+  whose launches (up to 8) come out of the same budget: --trials is the
+  most that leaves room for them (2 at 6 and 8 launches, 3 at 10, 4 at 12,
+  8 at 16; none at 4).
 - ``gp``, ``random``: qtune's other samplers, no confirmation.
 - ``design``: the start design alone (the Latin hypercube takes the budget).
 - ``vllm-autotune``: vLLM's ``benchmarks/auto_tune/auto_tune.sh``: its grid,
@@ -63,7 +65,13 @@ from qtune.load.workload import Workload  # noqa: E402
 from qtune.report import PAD, H, W, _axes, _scale  # noqa: E402
 from qtune.search.config import TuneConfig  # noqa: E402
 from qtune.search.inputs import prepare  # noqa: E402
-from qtune.search.replay import METHODS, Outcome, Table, replay_search  # noqa: E402
+from qtune.search.replay import (  # noqa: E402
+    METHODS,
+    Outcome,
+    Table,
+    measured_grid,
+    replay_search,
+)
 
 WITHIN = 0.05
 COLOURS = {"tpe": "#1f77b4", "tpe+confirm": "#17becf", "gp": "#ff7f0e", "random": "#7f7f7f",
@@ -92,12 +100,18 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
     return q[0], statistics.median(xs), q[2]
 
 
-def table_prep(folder: Path, table: Table, work: Path) -> Any:
-    """The Prepared a live search of the table's space and workload gets."""
-    wl = {k: v for k, v in table.meta["workload"].items()}
-    return prepare(TuneConfig(engine="vllm", workload=Workload(**wl),
+def table_prep(table: Table, work: Path) -> Any:
+    """The Prepared a live search of the table's space and workload gets:
+    the grid of the configs it measured (all of them, unless it was cut
+    short), the table's fixed params."""
+    grid = measured_grid(list(table.params.values()))
+    table.meta["space"] = grid
+    space = work / "space.yaml"
+    space.write_text("".join(f"{k}: {json.dumps(v)}\n"
+                             for k, v in {**grid, **table.meta["fixed"]}.items()))
+    return prepare(TuneConfig(engine="vllm", workload=Workload(**table.meta["workload"]),
                               objective=table.meta["objective"],
-                              space_file=folder / "space.yaml", study="replay",
+                              space_file=space, study="replay",
                               studies_dir=work / "studies",
                               profiles_dir=work / "profiles"))
 
@@ -235,7 +249,7 @@ def main() -> int:
     shm = Path("/dev/shm")
     work = Path(tempfile.mkdtemp(prefix="replay-search-",
                                  dir=shm if shm.is_dir() else None))
-    prep = table_prep(args.table, table, work)
+    prep = table_prep(table, work)
     outs: list[Outcome] = []
     fallbacks = Fallbacks()
     for h in logging.getLogger("optuna").handlers:

@@ -128,6 +128,23 @@ class Table:
         return (best / v - 1.0) if self.meta["direction"] == "maximize" else (v / best - 1.0)
 
 
+def measured_grid(params: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
+    """The largest product of ``max_num_seqs`` x ``max_num_batched_tokens``
+    values whose every config was measured (a table cut short): the
+    ``max_num_batched_tokens`` of the best-covered ``max_num_seqs``, and
+    every ``max_num_seqs`` that has all of them.  The engine defaults set
+    neither and are always in."""
+    have: dict[int, set[int]] = {}
+    for p in params:
+        if "max_num_seqs" in p:
+            have.setdefault(p["max_num_seqs"], set()).add(p["max_num_batched_tokens"])
+    if not have:
+        return {}
+    widest = max(have.values(), key=len)
+    return {"max_num_seqs": sorted(s for s, b in have.items() if b >= widest),
+            "max_num_batched_tokens": sorted(widest)}
+
+
 def _spec_key(spec: LaunchSpec) -> tuple[Any, ...]:
     """What tells two launches apart, less the port every start picks."""
     argv = list(spec.argv)
@@ -234,8 +251,16 @@ QTUNE_METHODS = ("tpe", "tpe+confirm", "gp", "random", "design")
 VLLM_AUTOTUNE = "vllm-autotune"
 METHODS = (*QTUNE_METHODS, VLLM_AUTOTUNE)
 # The default search's confirmation: --confirm-top 3 x --confirm-repeats 2,
-# the engine defaults re-measured with the top 3.
-_CONFIRM_LAUNCHES = (3 + 1) * 2
+# the engine defaults re-measured with the top 3 (fewer when fewer launched).
+_CONFIRM_TOP, _CONFIRM_REPEATS = 3, 2
+
+
+def confirmed_trials(budget: int) -> int:
+    """The most --trials whose confirmation still fits ``budget`` launches
+    (0: none does)."""
+    fits = [t for t in range(2, budget + 1)
+            if t + min(_CONFIRM_TOP + 1, t) * _CONFIRM_REPEATS <= budget]
+    return max(fits, default=0)
 
 
 @dataclass
@@ -291,13 +316,14 @@ def replay_search(prep: Any, table: Table, method: str, budget: int, seed: int,
         return _autotune(prep, table, stand, budget, seed)
     if method not in QTUNE_METHODS:
         raise InputError(f"unknown replay method {method!r}", hint=", ".join(METHODS))
-    trials = budget - _CONFIRM_LAUNCHES if method == "tpe+confirm" else budget
+    trials = confirmed_trials(budget) if method == "tpe+confirm" else budget
     if trials < 2:
         return Outcome(method, budget, seed, None, None, [])
     cfg = dataclasses.replace(
         prep.cfg, seed=seed, trials=trials, time_budget=None,
         sampler="tpe" if method in ("tpe+confirm", "design") else method,
-        confirm_top=3 if method == "tpe+confirm" else 0, confirm_repeats=2)
+        confirm_top=_CONFIRM_TOP if method == "tpe+confirm" else 0,
+        confirm_repeats=_CONFIRM_REPEATS)
     name = f"{method.replace('+', '-')}-b{budget}-s{seed}"
     run_prep = dataclasses.replace(prep, cfg=cfg, study_name=name,
                                    storage_url=f"journal://{work / (name + '.log')}",
