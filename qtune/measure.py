@@ -12,10 +12,12 @@ and printed by ``--json``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -141,6 +143,24 @@ class ServerDied(ServerError):
         self.measurement = measurement
 
 
+# The replay benchmark (qtune.search.replay) answers server starts from a
+# measured table: the search's own code runs, only this measurement is
+# replaced.  None: start the server.
+_STAND_IN: ContextVar[Callable[..., Measurement] | None] = ContextVar(
+    "measure_server_stand_in", default=None)
+
+
+@contextlib.contextmanager
+def replace_measure_server(fn: Callable[..., Measurement]) -> Iterator[None]:
+    """Within the block, ``measure_server`` returns ``fn(spec, log, bench,
+    **its keyword arguments)`` and starts nothing."""
+    token = _STAND_IN.set(fn)
+    try:
+        yield
+    finally:
+        _STAND_IN.reset(token)
+
+
 def measure_server(
     spec: LaunchSpec,
     log: Path,
@@ -166,6 +186,11 @@ def measure_server(
     ``check_alive``, a server that died under load raises ``ServerDied``
     (a failed config, not a slow one).  Raises ``ServerError`` when the
     server does not start."""
+    if (stand_in := _STAND_IN.get()) is not None:
+        return stand_in(spec, log, bench, startup_timeout=startup_timeout,
+                        classify=classify, progress=progress, watch=watch,
+                        capacity=capacity, on_tick=on_tick, on_ready=on_ready,
+                        before=before, after=after, check_alive=check_alive)
     with Server(spec, log) as server:
         ready = server.wait_ready(startup_timeout, on_tick=on_tick, classify=classify)
         if on_ready is not None:
