@@ -44,7 +44,10 @@ def test_two_workers_share_a_study_through_one_proxy(postgres, tmp_path):
     port = _free_port()
     proxy = start_proxy(url.replace("qtune@", f"qtune:{secret}@"), port)
     try:
-        cfg = config(tmp_path, f"grpc://127.0.0.1:{port}", "proxied", trials=6)
+        # confirm_top 2: with 1, a study whose best is the baseline has nothing
+        # to confirm (confirm_top re-measures the top K and the defaults).
+        cfg = config(tmp_path, f"grpc://127.0.0.1:{port}", "proxied", trials=6,
+                     confirm_top=2)
         results = [finish(p) for p in [spawn(cfg) for _ in range(2)]]
     finally:
         proxy.send_signal(signal.SIGINT)
