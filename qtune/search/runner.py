@@ -15,9 +15,7 @@ from optuna.trial import TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from qtune.engines.base import LoadView
-from qtune.errors import ServerError, StudyError, mask_url
-from qtune.measure import interleaved, measure_server
-from qtune.objectives import get_objective
+from qtune.errors import StudyError, mask_url
 from qtune.search import fleet
 from qtune.search.config import TuneConfig
 from qtune.search.inputs import Prepared, prepare
@@ -41,8 +39,7 @@ from qtune.search.space import (
 )
 from qtune.search.speculative import speculative_phase
 from qtune.search.storage import open_storage
-from qtune.search.trial import bench_config, estimate_memory, refuse, run_trial
-from qtune.server import free_port
+from qtune.search.trial import estimate_memory, refuse, remeasure, run_trial
 from qtune.stats import bootstrap_median
 
 
@@ -626,27 +623,8 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
     if len(top) < 2:
         return  # nothing to choose between
     previous = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
-    values: dict[int, list[float]] = {r.number: [] for r in top}
-    failures: dict[int, int] = {r.number: 0 for r in top}
-    for rep, r in interleaved(top, cfg.confirm_repeats):
-        reporter.trial_phase(r.number, "confirming",
-                             f"repeat {rep + 1}/{cfg.confirm_repeats}")
-        spec = prep.engine.launch_spec(r.params, prep.ctx, host="127.0.0.1",
-                                       port=free_port())
-        log = prep.study_dir / f"confirm-{r.number:03d}-{rep}.log"
-        wl = dataclasses.replace(cfg.workload, seed=cfg.workload.seed + 1 + rep)
-        try:
-            m = measure_server(spec, log, bench_config(prep, spec, wl),
-                               startup_timeout=cfg.startup_timeout,
-                               classify=prep.engine.classify)
-        except ServerError:
-            failures[r.number] += 1  # does not restart reliably
-            continue
-        v = get_objective(cfg.objective).value(m.to_dict())
-        if v is not None and m.failed == 0:
-            values[r.number].append(v)
-        else:
-            failures[r.number] += 1
+    values, failures = remeasure(prep, top, cfg.confirm_repeats, reporter,
+                                 phase="confirming", log_name="confirm", seed_offset=1)
     result = {}
     for n, vals in values.items():
         first = study.trials[n].value

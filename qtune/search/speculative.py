@@ -15,22 +15,17 @@ with real weights: random weights make the acceptance rate meaningless.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import optuna
 
-from qtune.errors import ServerError
-from qtune.measure import interleaved, measure_server
-from qtune.objectives import get_objective
 from qtune.search.inputs import Prepared
 from qtune.search.records import Attr, StudyAttr, TrialRecord, TrialStatus
 from qtune.search.reporter import Reporter
 from qtune.search.result import summary_line, winner
-from qtune.search.trial import bench_config
-from qtune.server import free_port
+from qtune.search.trial import remeasure
 from qtune.stats import bootstrap_median, ratio_ci
 
 # Launches a trial no sampler chose: (params, attrs, note), the runner's
@@ -167,30 +162,14 @@ def _ab(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: Report
     rotated order (``interleaved``), each round's prompts fresh: the
     objective's values, failed rounds per item, and the candidate's
     acceptance rate per round (the last item)."""
-    cfg = prep.cfg
-    values: dict[int, list[float]] = {r.number: [] for r in items}
-    failures: dict[int, int] = {r.number: 0 for r in items}
     accept: list[float | None] = []
-    for rep, r in interleaved(items, repeats):
-        reporter.trial_phase(r.number, "speculative A/B", f"repeat {rep + 1}/{repeats}")
-        spec = prep.engine.launch_spec(r.params, prep.ctx, host="127.0.0.1",
-                                       port=free_port())
-        log = prep.study_dir / f"spec-ab-{r.number:03d}-{rep}.log"
-        wl = dataclasses.replace(cfg.workload, seed=cfg.workload.seed + _SEED_OFFSET + rep)
-        try:
-            m = measure_server(spec, log, bench_config(prep, spec, wl),
-                               startup_timeout=cfg.startup_timeout,
-                               classify=prep.engine.classify)
-        except ServerError:
-            failures[r.number] += 1
-            continue
-        summary = m.to_dict()
-        v = get_objective(cfg.objective).value(summary)
-        if v is not None and m.failed == 0:
-            values[r.number].append(v)
-        else:
-            failures[r.number] += 1
+
+    def acceptance(r: TrialRecord, summary: dict[str, Any]) -> None:
         if r is items[-1]:
             view = spec_view(summary)
             accept.append(view["acceptance_rate"] if view else None)
+
+    values, failures = remeasure(prep, items, repeats, reporter, phase="speculative A/B",
+                                 log_name="spec-ab", seed_offset=_SEED_OFFSET,
+                                 on_run=acceptance)
     return values, failures, accept

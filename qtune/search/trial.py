@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from qtune.errors import ServerError
-from qtune.measure import Measurement, ServerDied, measure_load, measure_server
+from qtune.measure import Measurement, ServerDied, interleaved, measure_load, measure_server
 from qtune.metrics import metric_value
 from qtune.objectives import get_objective
 from qtune.quality import Quality, Sample, compare, not_measured, take_sample, violation
@@ -230,6 +230,42 @@ def bench_config(prep: Prepared, spec: Any, wl: Any) -> Any:
                        metric_names=prep.engine.metric_names(),
                        reset_paths=prep.engine.cache_reset_paths())
 
+
+
+def remeasure(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: Reporter,
+              *, phase: str, log_name: str, seed_offset: int,
+              on_run: Any = None) -> tuple[dict[int, list[float]], dict[int, int]]:
+    """Each of ``items`` measured ``repeats`` times more, each time on a fresh
+    start, in rotated order (``interleaved``), each round with prompts of its
+    own (the workload seed + ``seed_offset`` + round): the objective's values
+    per trial number, and the rounds that failed (no start, or a failed
+    request).  ``on_run(record, summary)`` sees every measured round.  The
+    top-K confirmation and the speculative-decoding A/B both re-measure so."""
+    cfg = prep.cfg
+    values: dict[int, list[float]] = {r.number: [] for r in items}
+    failures: dict[int, int] = {r.number: 0 for r in items}
+    for rep, r in interleaved(items, repeats):
+        reporter.trial_phase(r.number, phase, f"repeat {rep + 1}/{repeats}")
+        spec = prep.engine.launch_spec(r.params, prep.ctx, host="127.0.0.1",
+                                       port=free_port())
+        log = prep.study_dir / f"{log_name}-{r.number:03d}-{rep}.log"
+        wl = dataclasses.replace(cfg.workload, seed=cfg.workload.seed + seed_offset + rep)
+        try:
+            m = measure_server(spec, log, bench_config(prep, spec, wl),
+                               startup_timeout=cfg.startup_timeout,
+                               classify=prep.engine.classify)
+        except ServerError:
+            failures[r.number] += 1  # does not restart reliably
+            continue
+        summary = m.to_dict()
+        v = get_objective(cfg.objective).value(summary)
+        if v is not None and m.failed == 0:
+            values[r.number].append(v)
+        else:
+            failures[r.number] += 1
+        if on_run is not None:
+            on_run(r, summary)
+    return values, failures
 
 def _level_of(wl: Any) -> float:
     return float(wl.rate if wl.rate is not None else wl.concurrency)
