@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from qtune.errors import InputError, StudyError, mask_url, printable
 from qtune.files import check_target
@@ -200,11 +200,16 @@ def open_storage(url: str, *, read_only: bool = False,
             for attempt in range(5):
                 try:
                     return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
-                except IntegrityError:
+                except (IntegrityError, ProgrammingError) as exc:
                     # Workers started together on an empty database race to
                     # create Optuna's tables (PostgreSQL's IF NOT EXISTS is
-                    # not atomic): the loser finds them made on a retry.
-                    if attempt == 4:
+                    # not atomic): the loser finds them made on a retry.  The
+                    # race shows as a unique violation or, for the enum types,
+                    # as 'type "studydirection" already exists' (seen in CI
+                    # with three workers).
+                    lost_race = isinstance(exc, IntegrityError) or \
+                        "already exists" in str(exc)
+                    if attempt == 4 or not lost_race:
                         raise
                     time.sleep(0.5 * (attempt + 1))
             raise AssertionError("unreachable")
