@@ -383,6 +383,7 @@ def search(
             "pruning": res.pruning,
             "stop_reason": res.stop_reason,
             "pareto_front": res.pareto_front,
+            **({"engines": res.engines} if res.engines else {}),
             "best": res.best.__dict__ if res.best else None,
             "baseline": res.baseline.__dict__ if res.baseline else None,
             "trials": [t.__dict__ for t in res.trials],
