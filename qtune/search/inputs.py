@@ -208,6 +208,13 @@ def _prepare_engines(cfg: TuneConfig, names: list[str]) -> Prepared:
                          hint="use a single objective, e.g. --objective e2e_p99")
     check_config(cfg)
     host = pin_gpus(probe(engine_python=cfg.engine_python), cfg.gpus)
+    # Every engine is installed, or none is asked anything (its arguments).
+    for n in names:
+        if host.engines.get(n) is None:
+            raise EngineError(
+                f"{n} is not installed for {host.engines.python}"
+                + (f" ({host.engines.error})" if host.engines.error else ""),
+                hint=get_engine(n).install_hint())
     # Every engine is checked (installed, arguments read) before any file.
     subs = {n: prepare(dataclasses.replace(cfg, engine=n), host=host) for n in names}
     first = subs[names[0]]
