@@ -14,7 +14,6 @@ from optuna.trial import TrialState, create_trial
 
 from qtune.engines.base import Param
 from qtune.errors import InputError
-from qtune.load.workload import Workload
 from qtune.search.choice import ENGINE_PARAM, engine_summary, suggest, summary_lines
 from qtune.search.config import TuneConfig
 from qtune.search.inputs import engine_names, prepare
