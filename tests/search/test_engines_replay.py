@@ -200,3 +200,29 @@ def test_a_resume_runs_no_defaults_twice_and_keeps_the_engines(setup):
     with pytest.raises(StudyError, match="was run with --engine vllm,sglang, not vllm"):
         run(setup, engine="vllm")
 
+
+
+def test_qtune_report_and_the_html_report_show_each_engine_s_best(setup, tmp_path,
+                                                                  monkeypatch):
+    import io
+
+    from qtune import console
+    from qtune.report import report
+
+    res, _ = run(setup)
+    url = f"journal://{setup.cfg.studies_dir / 'two-engines.log'}"
+    html = tmp_path / "r.html"
+    out = report("two-engines", url, html_path=html)
+    assert out["engines"] == res.engines and out["best_trial"] == res.best.number
+    assert {r["engine"] for r in out["trials"]} == {"vllm", "sglang"}
+    page = html.read_text()
+    assert "<h2>Engines</h2>" in page
+    assert f"sglang: trial {res.best.number} " in page and "vllm: trial " in page
+    buf = io.StringIO()
+    monkeypatch.setattr(console, "out", type(console.out)(file=buf, width=200))
+    console.render_report(out)
+    console.render_search_result(res)
+    text = buf.getvalue()
+    assert text.count("each engine's best on this workload:") == 2
+    assert text.count(f"  sglang: trial {res.best.number} ") == 2
+    assert "sglang: engine defaults" in text  # the trials name their engine
