@@ -226,3 +226,23 @@ def test_qtune_report_and_the_html_report_show_each_engine_s_best(setup, tmp_pat
     assert text.count("each engine's best on this workload:") == 2
     assert text.count(f"  sglang: trial {res.best.number} ") == 2
     assert "sglang: engine defaults" in text  # the trials name their engine
+
+
+def test_a_study_of_one_engine_has_no_engine_parameter_attribute_or_summary(
+        monkeypatch, cpu_host, tmp_path):
+    from qtune.search.replay import replay_search
+    from tests.search.test_replay import build_tiny
+
+    tiny = build_tiny(monkeypatch, cpu_host, tmp_path)
+    assert tiny.prep.engines == {}
+    out = replay_search(tiny.prep, tiny.table, "tpe+confirm", 12, 0, tiny.work)
+    assert out.pick is not None
+    study = optuna.load_study(study_name="tpe-confirm-b12-s0", storage=open_storage(
+        f"journal://{tiny.work / 'tpe-confirm-b12-s0.log'}"))
+    assert StudyAttr.ENGINES not in study.user_attrs
+    for t in study.trials:
+        assert ENGINE_PARAM not in t.params and Attr.ENGINE not in t.user_attrs
+        assert all("." not in k for k in t.params)  # the engine's own names
+    prof = Profile.load(next((tmp_path / "profiles").glob("*.yaml")))
+    assert "engines" not in prof.metrics
+    assert not any("across engines" in n for n in prof.notes)
