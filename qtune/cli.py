@@ -383,14 +383,21 @@ def search(
             "pruning": res.pruning,
             "stop_reason": res.stop_reason,
             "pareto_front": res.pareto_front,
-            "best": res.best.__dict__ if res.best else None,
-            "baseline": res.baseline.__dict__ if res.baseline else None,
-            "trials": [t.__dict__ for t in res.trials],
+            **({"engines": res.engines} if res.engines else {}),
+            "best": _record(res.best) if res.best else None,
+            "baseline": _record(res.baseline) if res.baseline else None,
+            "trials": [_record(t) for t in res.trials],
         })
     else:
         console.render_search_result(res)
     if res.best is None:
         raise typer.Exit(3)
+
+
+def _record(rec: Any) -> dict[str, Any]:
+    """A trial as ``--json`` shows it; ``engine`` only in a study across
+    engines (a study of one engine's output is as it was)."""
+    return {k: v for k, v in rec.__dict__.items() if not (k == "engine" and v is None)}
 
 
 @app.command(cls=_Command)

@@ -277,6 +277,8 @@ def render_search_result(res: Any) -> None:
             f.add_row(f"{p['trial']}{mark}", *load, _fmt(p["throughput"]), _fmt(p[lat]),
                       params)
         out.print(f)
+    if res.engines:
+        _render_engines(res.engines)
     if res.improvement:
         obj = (res.profile.metrics.get("objective") or {}) if res.profile else {}
         within = (" (within the noise: the confirmation runs overlap the defaults'; "
@@ -293,6 +295,15 @@ def render_search_result(res: Any) -> None:
         out.print(f"memory estimate: {acc['launches_avoided']} launches avoided; right for "
                   f"{acc['prediction_right']}/{acc['launched_with_prediction']} launches")
     out.print(f"profile: {res.profile_path}")
+
+
+def _render_engines(rows: list[dict[str, Any]]) -> None:
+    """``--engine a,b``: each engine's best against the others'."""
+    from qtune.search.choice import summary_lines
+
+    out.print("each engine's best on this workload:")
+    for line in summary_lines(rows):
+        out.print(f"  {line}")
 
 
 class Status:
@@ -602,6 +613,8 @@ def render_report(res: dict[str, Any]) -> None:
         what = params
         if r["baseline"]:
             what = f"engine defaults ({params})" if params else "engine defaults"
+        if isinstance(r.get("engine"), str):  # --engine a,b
+            what = f"{r['engine']}: {what}"
         if r["status"] not in ("ok",) or r.get("reason") == "quality_loss":
             why = "" if r["reason"] == r["status"] else f"{r['reason']}: "
             what = f"{why}{str(r['detail'])[:200]}" if r["detail"] else what
@@ -625,6 +638,8 @@ def render_report(res: dict[str, Any]) -> None:
             out.print(line)
     if res.get("speculative"):
         out.print(f"speculative decoding: {res['speculative']}")
+    if res.get("engines"):
+        _render_engines(res["engines"])
     if res["importances"]:
         out.print("importance: " + ", ".join(
             f"{k} {v:.2f}" for k, v in sorted(res["importances"].items(),

@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 
 from qtune.errors import StudyError, mask_url
 from qtune.files import check_target, write_atomic
+from qtune.search.choice import engine_summary, summary_lines
 from qtune.search.config import check_study_name
 from qtune.search.records import Attr, StudyAttr, TrialStatus
 from qtune.search.result import summary_line, trials_frame, winner
@@ -201,6 +202,16 @@ def _speculative_html(study: optuna.Study) -> str:
     return f"<h2>Speculative decoding</h2><p>{html.escape(summary_line(rec))}</p>"
 
 
+def _engines_html(study: optuna.Study) -> str:
+    """``--engine a,b``: each engine's best against the others'."""
+    rows = engine_summary(study)
+    if not rows:
+        return ""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in summary_lines(rows))
+    return ("<h2>Engines</h2><p>each engine's best feasible trial on this workload "
+            f"(value: the objective)</p><ul>{items}</ul>")
+
+
 def render_html(study: optuna.Study, url: str, df: Any, imp: dict[str, float]) -> str:
     objective = study.user_attrs.get(StudyAttr.OBJECTIVE, "value")
     maximize = _maximize(study)
@@ -230,7 +241,7 @@ objective <b>{html.escape(objective)}</b> ({"max" if maximize else "min"}imise);
 workload <code>{html.escape(str(wl))}</code></p>
 <div class="grid">{history_svg(df, objective, maximize)}{trade}</div>
 {importance_svg(imp)}
-<h2>Trials</h2>{table}{quality}{_speculative_html(study)}
+{_engines_html(study)}<h2>Trials</h2>{table}{quality}{_speculative_html(study)}
 <h2>Failures, pruned and skipped trials</h2><ul>{fail_rows or "<li>none</li>"}</ul>
 </body></html>
 """
@@ -277,10 +288,12 @@ def report(name: str, storage: str | None, *, csv: Path | None = None,
     counts = launches["status"].value_counts().to_dict()
     if len(launches) < len(df):
         counts["level_points"] = len(df) - len(launches)
+    engines = engine_summary(study)
     return {"study": name, "storage": mask_url(url),
             "objective": study.user_attrs.get(StudyAttr.OBJECTIVE),
             "trials": df.to_dict(orient="records"), "best_trial": best,
             "importances": imp, "counts": counts,
+            **({"engines": engines} if engines else {}),
             **({"speculative": _speculative_line(study)}
                if study.user_attrs.get(StudyAttr.SPECULATIVE) else {})}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from qtune.search.config import (
     check_study_name,
     load_space_file,
 )
-from qtune.search.fleet import pin_gpus
+from qtune.search.fleet import is_fleet, pin_gpus
 from qtune.search.space import SAMPLERS, make_sampler
 from qtune.search.storage import (
     check_pickable,
@@ -55,11 +55,46 @@ class Prepared:
     storage_url: str
     study_dir: Path  # the study's folder: logs, trials.csv
     user_set: frozenset[str] = frozenset()  # named in --space: never reshaped
+    # --engine a,b: each engine's own study (space, context, install), by
+    # name in the order given; empty for a study of one engine.  This one's
+    # engine, ctx, params and fixed are then the first engine's.
+    engines: dict[str, Prepared] = field(default_factory=dict)
+
+    def of(self, engine: str | None) -> Prepared:
+        """The prepared study of ``engine`` (a trial's ``engine``): this one
+        for a study of one engine, or a trial that names none."""
+        return self.engines.get(engine, self) if engine else self
 
 
-def prepare(cfg: TuneConfig) -> Prepared:
+# The samplers that model the engine as a categorical parameter with a
+# sub-space per engine: TPE (group=True models each engine's sub-space) and
+# random sampling.  The grid, GP and NSGA-II need one fixed space.
+MULTI_ENGINE_SAMPLERS = ("tpe", "random")
+
+
+def engine_names(raw: str) -> list[str]:
+    """``--engine``: one name, or several separated by commas, each a
+    registered engine, each once."""
+    names = [n.strip() for n in raw.split(",")]
+    if not all(names):
+        raise InputError(f"--engine {raw!r}: an empty engine name",
+                         hint="name engines separated by commas, e.g. --engine vllm,sglang")
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise InputError(f"--engine {raw}: {twice} is named twice",
+                         hint="name each engine once, e.g. --engine vllm,sglang")
+    for n in names:
+        get_engine(n)
+    return names
+
+
+def prepare(cfg: TuneConfig, *, host: HostFacts | None = None) -> Prepared:
     """Everything that can fail because of the input, checked before any
-    trial or file is created."""
+    trial or file is created.  ``host``: the probe, when the caller made it
+    (one probe for the engines of ``--engine a,b``)."""
+    names = engine_names(cfg.engine)
+    if len(names) > 1:
+        return _prepare_engines(cfg, names)
     # Order: the flags, then the files they name, then the model, then the
     # host (the probe runs --engine-python), then storage and the study,
     # and only then the engine: nothing is created or started for an input
@@ -105,7 +140,8 @@ def prepare(cfg: TuneConfig) -> Prepared:
         cfg = _with_levels(cfg, direction)
     # --gpus: this worker's own GPUs (locked on the host), the only ones its
     # space is built for and its servers see.
-    host = pin_gpus(probe(engine_python=cfg.engine_python), cfg.gpus)
+    if host is None:
+        host = pin_gpus(probe(engine_python=cfg.engine_python), cfg.gpus)
     study_name = cfg.study or _default_study_name(model, cfg, host)
     storage_url, study_dir = study_files(cfg, study_name)
     if cfg.pick is not None:
@@ -144,6 +180,51 @@ def prepare(cfg: TuneConfig) -> Prepared:
     user_set = frozenset(override.entries) if override is not None else frozenset()
     return Prepared(cfg, host, engine, ctx, params, fixed, direction, study_name,
                     storage_url, study_dir, user_set)
+
+
+def _prepare_engines(cfg: TuneConfig, names: list[str]) -> Prepared:
+    """``--engine a,b``: each engine prepared as its own study would be
+    (its install, arguments and space), under one study name, on one probe.
+    What this first version does not search across engines is refused here,
+    before anything is probed or created."""
+    cfg = dataclasses.replace(cfg, engine=",".join(names))
+    flag = f"--engine {cfg.engine}"
+    if cfg.storage and is_fleet(cfg.storage):
+        raise InputError(f"{flag}: a fleet (database storage) runs one engine per study",
+                         hint="search across engines on one host (journal or sqlite "
+                         "storage), or run one fleet study per engine")
+    if cfg.pick is not None:
+        raise InputError(f"{flag}: --pick re-picks from a study of one engine",
+                         hint="read the study with qtune report; its profile names "
+                         "the winner's engine")
+    if cfg.sampler not in MULTI_ENGINE_SAMPLERS:
+        raise InputError(f"{flag}: --sampler {cfg.sampler} needs one fixed space",
+                         hint="use --sampler " + " or ".join(MULTI_ENGINE_SAMPLERS))
+    if cfg.space_file is not None:
+        raise InputError(f"{flag}: a --space file names one engine's flags",
+                         hint="search one engine with its --space file, or drop --space")
+    if get_objective(cfg.objective).direction == "pareto" or cfg.levels:
+        raise InputError(f"{flag}: a Pareto search (--levels) runs one engine",
+                         hint="use a single objective, e.g. --objective e2e_p99")
+    check_config(cfg)
+    host = pin_gpus(probe(engine_python=cfg.engine_python), cfg.gpus)
+    # Every engine is installed, or none is asked anything (its arguments).
+    for n in names:
+        if host.engines.get(n) is None:
+            raise EngineError(
+                f"{n} is not installed for {host.engines.python}"
+                + (f" ({host.engines.error})" if host.engines.error else ""),
+                hint=get_engine(n).install_hint())
+    # Every engine is checked (installed, arguments read) before any file.
+    subs = {n: prepare(dataclasses.replace(cfg, engine=n), host=host) for n in names}
+    first = subs[names[0]]
+    study_name = cfg.study or _default_study_name(first.ctx.model, cfg, host)
+    storage_url, study_dir = study_files(cfg, study_name)
+    for n, sub in subs.items():
+        subs[n] = dataclasses.replace(sub, study_name=study_name,
+                                      storage_url=storage_url, study_dir=study_dir)
+    return dataclasses.replace(subs[names[0]], cfg=dataclasses.replace(
+        first.cfg, engine=cfg.engine), engines=subs)
 
 
 def _with_levels(cfg: TuneConfig, direction: str) -> TuneConfig:

@@ -80,6 +80,9 @@ class Attr:
     # The speculative-decoding phase (qtune.search.speculative): the base
     # trial a speculative candidate ran on top of.
     SPEC_OF = "spec_of"
+    # --engine a,b: the engine a trial launched (absent on a study of one
+    # engine, whose every trial is that engine's).
+    ENGINE = "engine"
 
 
 class StudyAttr:
@@ -96,6 +99,7 @@ class StudyAttr:
     CONFIRMATION = "confirmation"  # trial number (str) -> medians of re-runs
     MAX_QUALITY_LOSS = "max_quality_loss"
     SPECULATIVE = "speculative"  # the spec phase: candidates, A/B, kept or not
+    ENGINES = "engines"  # --engine a,b: the engines searched across, in order
 
 
 @dataclass
@@ -124,6 +128,7 @@ class TrialRecord:
     finished: str | None = None
     quality: dict[str, Any] | None = None  # qtune.quality.Quality.to_dict()
     spec_of: int | None = None  # a speculative candidate: its base trial
+    engine: str | None = None  # --engine a,b: the trial's engine
 
     @classmethod
     def from_frozen(cls, t: optuna.trial.FrozenTrial) -> TrialRecord:
@@ -157,6 +162,7 @@ class TrialRecord:
                                               if t.datetime_complete else None),
             quality=a.get(Attr.QUALITY),
             spec_of=a.get(Attr.SPEC_OF),
+            engine=a.get(Attr.ENGINE),
         )
 
 

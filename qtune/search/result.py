@@ -19,6 +19,7 @@ from qtune.host import placement
 from qtune.objectives import pareto_latency
 from qtune.profile import EngineInfo, Profile, StudyRef
 from qtune.quality import Quality
+from qtune.search.choice import engine_summary, summary_lines
 from qtune.search.inputs import Prepared, at_load
 from qtune.search.records import LAUNCHED, Attr, StudyAttr, TrialRecord, TrialStatus, ran_trials
 
@@ -37,6 +38,7 @@ class TuneResult:
     pruning: dict[str, Any] | None = None  # trials stopped early, time saved
     stop_reason: str | None = None  # why fewer than --trials were launched
     pareto_front: list[dict[str, Any]] | None = None  # --objective pareto
+    engines: list[dict[str, Any]] | None = None  # --engine a,b: each one's best
 
 
 def estimate_accuracy(trials: list[TrialRecord], attrs: dict[int, dict[str, Any]]
@@ -142,9 +144,12 @@ def finish(prep: Prepared, study: optuna.Study) -> TuneResult:
         )
     # With --levels, the defaults at the best point's own load.
     level = best.load_level if best is not None else None
+    # --engine a,b: the defaults of the winner's own engine.
+    engine = best.engine if best is not None else None
     baseline = next((r for r in trials if r.baseline and r.status == TrialStatus.OK
-                     and r.load_level == level), None)
-    baseline = baseline or next((r for r in trials if r.baseline), None)
+                     and r.load_level == level and r.engine == engine), None)
+    baseline = baseline or next((r for r in trials if r.baseline and r.engine == engine),
+                                None)
     improvement = None
     pair = _objective_pair(study, best, baseline) if best is not None else {}
     if best and baseline and baseline.value and best.value is not None:
@@ -154,9 +159,11 @@ def finish(prep: Prepared, study: optuna.Study) -> TuneResult:
         else:
             improvement = w / b
     profile = path = None
+    engines = engine_summary(study)
     if best is not None:
-        profile = build_profile(prep, study, best, baseline, len(trials),
-                                {**pair, "improvement": improvement}, front_view)
+        profile = build_profile(prep.of(best.engine), study, best, baseline, len(trials),
+                                {**pair, "improvement": improvement}, front_view,
+                                engines)
         # absolute(), not resolve(): a link is refused (checked), not followed.
         path = (cfg.out or (cfg.profiles_dir / f"{prep.study_name}.yaml")).absolute()
         write_atomic(path, profile.dump(), force=cfg.force, what="--out")
@@ -171,7 +178,8 @@ def finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     pruning = {"pruned": len(unsent),
                "measure_s_saved": round(sum(unsent) * typical, 3)}
     return TuneResult(prep.study_name, prep.storage_url, best, baseline, trials,
-                      path, profile, improvement, accuracy, pruning, pareto_front=front_view)
+                      path, profile, improvement, accuracy, pruning, pareto_front=front_view,
+                      engines=engines)
 
 
 def _front_view(front: list[TrialRecord], latency: str) -> list[dict[str, Any]]:
@@ -197,6 +205,8 @@ def trials_frame(study: optuna.Study) -> Any:
             "startup_s": r.startup_s, "measure_s": r.measure_s,
             "detail": redact(r.detail) if r.detail else r.detail,
         }
+        if r.engine is not None:  # --engine a,b: the trial's engine
+            row["engine"] = r.engine
         if r.load_level is not None:  # --levels: the load, and whose server
             row["load_level"], row["server_of"] = r.load_level, r.server_of
         row.update({f"param.{k}": v for k, v in r.params.items()})
@@ -304,9 +314,12 @@ def build_profile(
     n_trials: int,
     objective: dict[str, Any],
     pareto_front: list[dict[str, Any]] | None = None,
+    engines: list[dict[str, Any]] | None = None,
 ) -> Profile:
     """``objective``: best, baseline, basis and improvement, as ``finish``
-    compared them (``_objective_pair``)."""
+    compared them (``_objective_pair``).  ``engines``: each engine's best
+    (``engine_summary``) in a study across engines; ``prep`` is then the
+    winner's engine's."""
     cfg = prep.cfg
     # The trial ran on a random port; the deployed server gets a fixed one.
     spec = prep.engine.launch_spec(best.params, prep.ctx, host="127.0.0.1", port=8000) \
@@ -330,6 +343,10 @@ def build_profile(
     phase = study.user_attrs.get(StudyAttr.SPECULATIVE)
     if phase:
         notes.append("speculative decoding: " + summary_line(phase))
+    if engines:
+        notes.append(f"searched across engines ({', '.join(r['engine'] for r in engines)})"
+                     f"; the improvement is over {prep.engine.name}'s own defaults; each "
+                     "engine's best: " + "; ".join(summary_lines(engines)))
     if objective.get("separated") is False:
         notes.append("the winner's confirmation runs overlap the engine defaults': the "
                      "improvement is within this host's run-to-run noise; qtune verify "
@@ -354,6 +371,8 @@ def build_profile(
             "pareto_front": pareto_front,
             "quality": quality,
             "speculative": phase or None,
+            # --engine a,b only: a study of one engine's profile is as it was.
+            **({"engines": engines} if engines else {}),
         },
         # A --levels point is a profile for the load it was measured at.
         workload=(cfg.workload if best.load_level is None

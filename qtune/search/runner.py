@@ -17,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from qtune.engines.base import LoadView
 from qtune.errors import StudyError, mask_url
 from qtune.search import fleet
+from qtune.search.choice import design_point, qualified, suggest
 from qtune.search.config import TuneConfig
 from qtune.search.inputs import Prepared, prepare
 from qtune.search.records import (
@@ -85,11 +86,15 @@ def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     elif not opener and study.user_attrs.get(fleet.FleetAttr.READY) is None:
         opener = _wait_for_opening(prep, study, reporter)
     if opener and not cfg.finish:
-        if not _has_baseline(prep, study) and launched_count(study) < cfg.trials:
-            base_params, note = prep.engine.baseline(prep.ctx)
-            _run_unsampled(prep, study, reporter, {**base_params, **prep.fixed},
-                           {Attr.BASELINE: True,
-                            **({Attr.BASELINE_NOTE: note} if note else {})})
+        # --engine a,b: each engine's defaults, in the order named.
+        for sub in _each_engine(prep):
+            engine = _engine_attr(prep, sub)
+            if not _has_baseline(sub, study, engine.get(Attr.ENGINE)) and \
+                    launched_count(study) < cfg.trials:
+                base_params, note = sub.engine.baseline(sub.ctx)
+                _run_unsampled(sub, study, reporter, {**base_params, **sub.fixed},
+                               {Attr.BASELINE: True, **engine,
+                                **({Attr.BASELINE_NOTE: note} if note else {})})
         prep = _shape(prep, study, reporter)
         study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
         stop_reason = _run_seeds(prep, study, reporter, started)
@@ -117,6 +122,19 @@ def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     res = finish(prep, study)
     res.stop_reason = stop_reason
     return res
+
+
+def _each_engine(prep: Prepared) -> list[Prepared]:
+    """The prepared study of each engine searched (``--engine a,b``), or
+    ``prep`` alone."""
+    return list(prep.engines.values()) or [prep]
+
+
+def _engine_attr(prep: Prepared, sub: Prepared) -> dict[str, Any]:
+    """The attribute that marks a trial as ``sub``'s engine's, in a study
+    across engines (none in a study of one engine: its journal stays as it
+    was)."""
+    return {Attr.ENGINE: sub.engine.name} if prep.engines else {}
 
 
 def _wait_for_opening(prep: Prepared, study: optuna.Study, reporter: Reporter) -> bool:
@@ -232,6 +250,8 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
     study.set_user_attr(StudyAttr.OPTUNA_VERSION, optuna.__version__)
     # What --pick needs to write a profile where the engine is not installed.
     study.set_user_attr(StudyAttr.ENGINE_INSTALL, dataclasses.asdict(prep.ctx.install))
+    if prep.engines:
+        study.set_user_attr(StudyAttr.ENGINES, list(prep.engines))
     prep.study_dir.mkdir(parents=True, exist_ok=True)
     return study, opener
 
@@ -243,10 +263,14 @@ def _study_info(prep: Prepared) -> dict[str, Any]:
         "study": prep.study_name,
         "storage": prep.storage_url,
         "model": prep.ctx.model.summary(),
-        "engine": f"{prep.ctx.install.name} {prep.ctx.install.version} "
-        f"({prep.ctx.install.build})",
-        "space": {p.name: describe(p) for p in prep.params},
-        "fixed": prep.fixed,
+        "engine": ", ".join(f"{p.ctx.install.name} {p.ctx.install.version} "
+                            f"({p.ctx.install.build})" for p in _each_engine(prep)),
+        "space": ({p.name: describe(p) for p in prep.params} if not prep.engines else
+                  {qualified(n, p.name): describe(p)
+                   for n, sub in prep.engines.items() for p in sub.params}),
+        "fixed": (prep.fixed if not prep.engines else
+                  {qualified(n, k): v for n, sub in prep.engines.items()
+                   for k, v in sub.fixed.items()}),
         "trials": cfg.trials,
         "time_budget": cfg.time_budget,
         "workload": cfg.workload.to_dict(),
@@ -265,11 +289,12 @@ def launched_count(study: optuna.Study) -> int:
     )
 
 
-def _has_baseline(prep: Prepared, study: optuna.Study) -> bool:
-    """Whether the engine defaults ran already (a resume runs them once)."""
+def _has_baseline(prep: Prepared, study: optuna.Study, engine: str | None = None) -> bool:
+    """Whether the engine defaults ran already (a resume runs them once);
+    ``engine``: whose, in a study across engines."""
     cfg = prep.cfg
     return any(
-        t.user_attrs.get(Attr.BASELINE) and (
+        t.user_attrs.get(Attr.BASELINE) and t.user_attrs.get(Attr.ENGINE) == engine and (
             t.state == TrialState.COMPLETE
             # refused as too big: a resume does not ask again (unless the
             # memory check is now off)
@@ -295,15 +320,19 @@ def _run_seeds(prep: Prepared, study: optuna.Study, reporter: Reporter,
     """Run the engine's seeds not yet run; why it stopped early, if it did."""
     cfg = prep.cfg
     stop_reason = None
-    for point, why in _pending_seeds(prep, study):
+    pending = [(sub, point, why) for sub in _each_engine(prep)
+               for point, why in _pending_seeds(sub, study, _engine_attr(prep, sub))]
+    for sub, point, why in pending:
         if launched_count(study) >= cfg.trials or (
                 stop_reason := _over_budget(prep, study, started)):
             break
         # Param-less like the baseline: TPE's groups would otherwise split
         # its one param off from the rest.  The queue is empty here
         # (_pending_seeds), so ask() returns this trial.
-        _run_unsampled(prep, study, reporter, {**point, **prep.fixed},
-                       {Attr.SEED: why, Attr.SEED_POINT: point}, note=why)
+        engine = _engine_attr(prep, sub)
+        _run_unsampled(sub, study, reporter, {**point, **sub.fixed},
+                       {Attr.SEED: why, Attr.SEED_POINT: point, **engine},
+                       note=f"{sub.engine.name}: {why}" if engine else why)
     return stop_reason
 
 
@@ -312,7 +341,8 @@ def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
     """Ask the sampler for trials until --trials launches; why it stopped
     early, if it did."""
     cfg = prep.cfg
-    dists = distributions(prep.params)
+    # --engine a,b: the engine, then its params, suggested trial by trial.
+    dists = distributions(prep.params) if not prep.engines else None
     stop_reason = None
     invalid_run = 0
     is_fleet = fleet.is_fleet(prep.storage_url)
@@ -336,7 +366,10 @@ def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
                 time.sleep(min(5.0, cfg.heartbeat_s / 2))
                 continue
         trial = study.ask(dists)
-        with _beating(prep, study, trial, reporter):
+        sub, values = prep, trial.params
+        if prep.engines:
+            sub, values = suggest(prep, trial)
+        with _beating(sub, study, trial, reporter):
             if is_fleet and launched_count(study) + fleet.running(
                     study, before=trial.number) >= cfg.trials:
                 _give_back(study, trial)  # another worker asked first
@@ -344,13 +377,13 @@ def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
             # A trial queued without params (a seed re-run for a dead worker)
             # carries its launch params.
             params = trial.user_attrs.get(Attr.LAUNCH_PARAMS) or \
-                {**tidy(trial.params, prep.params), **prep.fixed}
-            violations = prep.engine.check(params, prep.ctx)
+                {**tidy(values, sub.params), **sub.fixed}
+            violations = sub.engine.check(params, sub.ctx)
             reason = "invalid_config"
-            learned = _learned_refusal(study, params)
+            learned = _learned_refusal(study, params, trial.user_attrs.get(Attr.ENGINE))
             if learned and not violations:
                 violations, reason = [learned], "learned_oom"
-            est = estimate_memory(prep, params)
+            est = estimate_memory(sub, params)
             if est is not None:
                 trial.set_user_attr(Attr.MEMORY_ESTIMATE, est.as_dict())
                 if not est.fits and cfg.memory_check:
@@ -360,7 +393,7 @@ def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
             if violations:
                 refuse(study, trial, params, reason, "; ".join(violations), reporter)
                 continue
-            run_trial(prep, study, trial, params, reporter)
+            run_trial(sub, study, trial, params, reporter)
     return stop_reason
 
 
@@ -423,11 +456,15 @@ def _speculative(prep: Prepared, study: optuna.Study, reporter: Reporter,
     (``qtune.search.speculative``), within what the time budget has left."""
     left = (None if prep.cfg.time_budget is None
             else prep.cfg.time_budget - (time.monotonic() - started))
+    # --engine a,b: the phase runs on the chosen config's engine.
+    best = best_trial(study) if prep.engines else None
+    sub = prep.of(best.engine if best else None)
 
     def launch(params: dict[str, Any], attrs: dict[str, Any], note: str) -> None:
-        _run_unsampled(prep, study, reporter, params, attrs, note=note)
+        _run_unsampled(sub, study, reporter, params, {**attrs, **_engine_attr(prep, sub)},
+                       note=note)
 
-    speculative_phase(prep, study, reporter, launch, left, _typical_trial_s(study))
+    speculative_phase(sub, study, reporter, launch, left, _typical_trial_s(study))
 
 
 def _run_unsampled(prep: Prepared, study: optuna.Study, reporter: Reporter,
@@ -460,12 +497,16 @@ def _run_unsampled(prep: Prepared, study: optuna.Study, reporter: Reporter,
         run_trial(prep, study, trial, params, reporter)
 
 
-def _learned_refusal(study: optuna.Study, params: dict[str, Any]) -> str | None:
+def _learned_refusal(study: optuna.Study, params: dict[str, Any],
+                     engine: str | None = None) -> str | None:
     """A config that asks for at least the memory a failed start asked for
     (the engine said it asked for more than was free) fails the same way:
     refuse it without a launch.  Learned from launches, so it also covers
-    what the memory estimate got wrong or was turned off for."""
+    what the memory estimate got wrong or was turned off for.  ``engine``:
+    learned from that engine's launches only, in a study across engines."""
     for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get(Attr.ENGINE) != engine:
+            continue
         asked = t.user_attrs.get(Attr.OVER_REQUEST)
         if asked and all(k in params and params[k] >= v for k, v in asked.items()):
             what = ", ".join(f"{k}={v}" for k, v in asked.items())
@@ -477,9 +518,31 @@ def _learned_refusal(study: optuna.Study, params: dict[str, Any]) -> str | None:
 def _shape(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Prepared:
     """Let the engine narrow the space with the load and the defaults run.
     Computed from what the study stored, so a resumed study gets the same
-    space (and the sampler the same distributions) as the first run."""
+    space (and the sampler the same distributions) as the first run.
+    Across engines, each engine's space with its own defaults' run."""
+    if not prep.engines:
+        shaped, notes = _shape_one(prep, study, None)
+        for n in notes:
+            reporter.note(n)
+        study.set_user_attr(StudyAttr.SPACE_NOTES, notes)
+        return shaped
+    subs: dict[str, Prepared] = {}
+    all_notes = []
+    for name, sub in prep.engines.items():
+        subs[name], notes = _shape_one(sub, study, name)
+        all_notes += [f"{name}: {n}" for n in notes]
+    for n in all_notes:
+        reporter.note(n)
+    study.set_user_attr(StudyAttr.SPACE_NOTES, all_notes)
+    first = next(iter(subs.values()))
+    return dataclasses.replace(prep, params=first.params, fixed=first.fixed, engines=subs)
+
+
+def _shape_one(prep: Prepared, study: optuna.Study,
+               engine: str | None) -> tuple[Prepared, list[str]]:
     base = next((t for t in study.get_trials(deepcopy=False)
-                 if t.user_attrs.get(Attr.BASELINE) and t.state == TrialState.COMPLETE), None)
+                 if t.user_attrs.get(Attr.BASELINE) and t.state == TrialState.COMPLETE
+                 and t.user_attrs.get(Attr.ENGINE) == engine), None)
     wl = prep.cfg.workload
     load = LoadView(
         rate=wl.rate, concurrency=wl.concurrency if wl.rate is None else None,
@@ -490,18 +553,18 @@ def _shape(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Prepared:
     mine = [p for p in prep.params if p.name not in prep.user_set]
     kept, fixed, notes = prep.engine.shape(mine, prep.ctx, load)
     params = [p for p in prep.params if p.name in prep.user_set] + kept
-    for n in notes:
-        reporter.note(n)
-    study.set_user_attr(StudyAttr.SPACE_NOTES, notes)
-    return dataclasses.replace(prep, params=params, fixed={**fixed, **prep.fixed})
+    return dataclasses.replace(prep, params=params, fixed={**fixed, **prep.fixed}), notes
 
 
-def _pending_seeds(prep: Prepared, study: optuna.Study) -> list[tuple[dict[str, Any], str]]:
+def _pending_seeds(prep: Prepared, study: optuna.Study,
+                   engine: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
     """The engine's informed first points (``seeds``) not yet run in this
-    study, that are in the tuned space, valid and predicted to fit."""
+    study, that are in the tuned space, valid and predicted to fit.
+    ``engine``: the attribute of its trials in a study across engines."""
     if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         return []  # resumed with queued design points: those go first
-    ran = [t.user_attrs.get(Attr.SEED_POINT) for t in study.get_trials(deepcopy=False)]
+    ran = [t.user_attrs.get(Attr.SEED_POINT) for t in study.get_trials(deepcopy=False)
+           if t.user_attrs.get(Attr.ENGINE) == engine.get(Attr.ENGINE)]
     tuned = {p.name for p in prep.params}
     out = []
     for point, why in prep.engine.seeds(prep.params, prep.ctx, prep.fixed):
@@ -522,6 +585,9 @@ def _start_design(prep: Prepared, study: optuna.Study, reporter: Reporter) -> No
     When an engine seed beat the engine defaults, the design keeps the
     seed's values and spreads its few points over the other parameters."""
     cfg = prep.cfg
+    if prep.engines:
+        _start_design_engines(prep, study)
+        return
     if cfg.sampler not in ("tpe", "gp") or not prep.params:
         return
     if any(not (t.user_attrs.get(Attr.BASELINE) or t.user_attrs.get(Attr.SEED))
@@ -549,6 +615,37 @@ def _start_design(prep: Prepared, study: optuna.Study, reporter: Reporter) -> No
         if anchor:
             attrs[Attr.AROUND_SEED] = anchor
         study.enqueue_trial({**point, **anchor}, user_attrs=attrs)
+
+
+def _start_design_engines(prep: Prepared, study: optuna.Study) -> None:
+    """``--engine a,b``: each engine's share of the start design, a Latin
+    hypercube over its own space, the engines' points taken in turn (a
+    short budget still starts each engine's sub-space).  No seed anchors
+    it: a seed's gain over its own engine's defaults says nothing of the
+    other engine's space."""
+    cfg = prep.cfg
+    subs = [s for s in prep.engines.values() if s.params]
+    if cfg.sampler != "tpe" or not subs:
+        return
+    if any(not (t.user_attrs.get(Attr.BASELINE) or t.user_attrs.get(Attr.SEED))
+           for t in study.get_trials(deepcopy=False)):
+        return  # resumed: the design was queued (and probably run) before
+    share = -(-startup_trials(cfg.trials) // len(subs))
+    designs = []
+    for sub in subs:
+        def valid(point: dict[str, Any], sub: Prepared = sub) -> bool:
+            full = {**tidy(point, sub.params), **sub.fixed}
+            if sub.engine.check(full, sub.ctx):
+                return False
+            est = estimate_memory(sub, full)
+            return est is None or est.fits or not cfg.memory_check
+
+        designs.append((sub.engine.name, initial_design(sub.params, share, cfg.seed, valid)))
+    for i in range(max(len(points) for _, points in designs)):
+        for name, points in designs:
+            if i < len(points):
+                study.enqueue_trial(design_point(name, points[i]), user_attrs={
+                    Attr.DESIGN: "latin-hypercube", Attr.ENGINE: name})
 
 
 # How much better than the engine defaults a seed must measure to anchor the
@@ -619,7 +716,14 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
     top = sorted(feas, key=lambda r: sign * r.value)[: cfg.confirm_top]  # type: ignore[operator]
     # (On a CPU study a 2-run winner at 1.7x re-measured at 0.77x in verify:
     # a config can be lucky twice; the defaults' own spread is the yardstick.)
-    top += [r for r in feas if r.baseline and r.number not in {t.number for t in top}][:1]
+    if prep.engines:
+        # Across engines: the defaults of each engine in the top K, each
+        # winner is compared with its own engine's defaults.
+        engines = {r.engine for r in top}
+        top += [r for r in feas if r.baseline and r.engine in engines
+                and r.number not in {t.number for t in top}]
+    else:
+        top += [r for r in feas if r.baseline and r.number not in {t.number for t in top}][:1]
     if len(top) < 2:
         return  # nothing to choose between
     previous = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
@@ -637,6 +741,14 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
 
 
 def _check_resume(study: optuna.Study, prep: Prepared) -> None:
+    ran_with = study.user_attrs.get(StudyAttr.ENGINES)
+    engines = list(prep.engines) or None
+    if ran_with != engines and (ran_with is not None or ran_trials(study)):
+        before = ",".join(ran_with) if ran_with else \
+            (study.user_attrs.get(StudyAttr.ENGINE_INSTALL) or {}).get("name", "one engine")
+        raise StudyError(
+            f"study {prep.study_name} was run with --engine {before}, not {prep.cfg.engine}",
+            hint="use a new --study NAME, or the same --engine as before")
     wl = study.user_attrs.get(StudyAttr.WORKLOAD)
     if wl is not None and wl != prep.cfg.workload.to_dict():
         raise StudyError(

@@ -246,14 +246,15 @@ def remeasure(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: 
     failures: dict[int, int] = {r.number: 0 for r in items}
     for rep, r in interleaved(items, repeats):
         reporter.trial_phase(r.number, phase, f"repeat {rep + 1}/{repeats}")
-        spec = prep.engine.launch_spec(r.params, prep.ctx, host="127.0.0.1",
-                                       port=free_port())
+        sub = prep.of(r.engine)  # --engine a,b: the trial's own engine
+        spec = sub.engine.launch_spec(r.params, sub.ctx, host="127.0.0.1",
+                                      port=free_port())
         log = prep.study_dir / f"{log_name}-{r.number:03d}-{rep}.log"
         wl = dataclasses.replace(cfg.workload, seed=cfg.workload.seed + seed_offset + rep)
         try:
-            m = measure_server(spec, log, bench_config(prep, spec, wl),
+            m = measure_server(spec, log, bench_config(sub, spec, wl),
                                startup_timeout=cfg.startup_timeout,
-                               classify=prep.engine.classify)
+                               classify=sub.engine.classify)
         except ServerError:
             failures[r.number] += 1  # does not restart reliably
             continue
@@ -305,7 +306,7 @@ def _add_level_point(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
     # defaults at that load (the improvement at a level compares with it).
     attrs = {k: v for k, v in frozen.user_attrs.items()
              if k in (Attr.LAUNCH_PARAMS, Attr.ARGV, Attr.ENV, Attr.LOG, Attr.STARTUP_S,
-                      Attr.BASELINE, Attr.QUALITY, Attr.REASON, Attr.DETAIL)}
+                      Attr.BASELINE, Attr.QUALITY, Attr.REASON, Attr.DETAIL, Attr.ENGINE)}
     summary = m.to_dict()
     measured = {Attr.STARTED: m.started, Attr.FINISHED: m.finished,
                 Attr.MEASURE_S: m.measure_s}
@@ -333,7 +334,7 @@ def _quality(prep: Prepared, study: optuna.Study, trial: optuna.Trial, spec: Any
     if prep.engine.logprobs_request(spec.served_model, "") is None:
         return not_measured(f"{prep.engine.name} answers no log-probabilities", numerics)
     baseline = bool(trial.user_attrs.get(Attr.BASELINE))
-    ref = None if baseline else reference_sample(study)
+    ref = None if baseline else reference_sample(study, trial.user_attrs.get(Attr.ENGINE))
     if ref is None and not baseline:
         return not_measured("no reference: the engine defaults were not measured",
                             numerics)
@@ -349,10 +350,12 @@ def _quality(prep: Prepared, study: optuna.Study, trial: optuna.Trial, spec: Any
     return compare(ref, sample, numerics)
 
 
-def reference_sample(study: optuna.Study) -> Sample | None:
-    """The engine defaults' quality sample (the first one kept)."""
+def reference_sample(study: optuna.Study, engine: str | None = None) -> Sample | None:
+    """The engine defaults' quality sample (the first one kept); ``engine``:
+    that engine's defaults, in a study across engines."""
     for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get(Attr.BASELINE) and Attr.QUALITY_SAMPLE in t.user_attrs:
+        if t.user_attrs.get(Attr.BASELINE) and Attr.QUALITY_SAMPLE in t.user_attrs \
+                and t.user_attrs.get(Attr.ENGINE) == engine:
             return Sample.from_dict(t.user_attrs[Attr.QUALITY_SAMPLE])
     return None
 
