@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import re
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from qtune.launch import LaunchSpec
 from qtune.load.client import RequestSample
 from qtune.measure import Measurement, replace_measure_server
 from qtune.metrics import metric_value, summarize
+from qtune.search.config import TuneConfig
 
 TABLE_VERSION = 1
 # How often the live load client lets the pruner look (qtune.load: "a few
@@ -126,6 +128,15 @@ class Table:
         best = self.best()[1]
         v = self.true_value(key)
         return (best / v - 1.0) if self.meta["direction"] == "maximize" else (v / best - 1.0)
+
+    def gain(self, key: str) -> float | None:
+        """A config's true improvement over the engine defaults (their
+        medians' ratio, >1: better), as a search's ``improvement`` states
+        it; None when the table has no defaults."""
+        if "" not in self.runs:
+            return None
+        d, v = self.true_value(""), self.true_value(key)
+        return (v / d) if self.meta["direction"] == "maximize" else (d / v)
 
 
 def measured_grid(params: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
@@ -242,7 +253,9 @@ def standing_in(stand_in: StandIn) -> Iterator[StandIn]:
 # qtune's methods run qtune's search (runner.run_study) with only the
 # measurement replaced; "design" is TPE whose start design takes the whole
 # budget (what the design alone finds); "tpe+confirm" is the default search
-# as a user gets it, the top-3 confirmation's launches counted in the budget.
+# as a user gets it (TuneConfig's confirm_top x confirm_repeats), the
+# confirmation's launches counted in the budget; "tpe+cKxR" is TPE with the
+# top K confirmed by R fresh starts each (the defaults with them).
 QTUNE_METHODS = ("tpe", "tpe+confirm", "gp", "random", "design")
 # vLLM's benchmarks/auto_tune/auto_tune.sh: every max_num_seqs, and within it
 # every max_num_batched_tokens, in its lists' order, one start each; a rate
@@ -250,16 +263,29 @@ QTUNE_METHODS = ("tpe", "tpe+confirm", "gp", "random", "design")
 # the best measured throughput kept.
 VLLM_AUTOTUNE = "vllm-autotune"
 METHODS = (*QTUNE_METHODS, VLLM_AUTOTUNE)
-# The default search's confirmation: --confirm-top 3 x --confirm-repeats 2,
-# the engine defaults re-measured with the top 3 (fewer when fewer launched).
-_CONFIRM_TOP, _CONFIRM_REPEATS = 3, 2
+_CONFIRM_RE = re.compile(r"tpe\+c(\d+)x(\d+)")
 
 
-def confirmed_trials(budget: int) -> int:
-    """The most --trials whose confirmation still fits ``budget`` launches
+def confirmation_of(method: str) -> tuple[int, int] | None:
+    """(top K, repeats R) of a confirming method, None for one that does not
+    confirm; an unknown method is refused."""
+    if method == "tpe+confirm":
+        cfg = TuneConfig()
+        return cfg.confirm_top, cfg.confirm_repeats
+    if (m := _CONFIRM_RE.fullmatch(method)) and int(m[1]) > 0 and int(m[2]) > 0:
+        return int(m[1]), int(m[2])
+    if method in METHODS:
+        return None
+    raise InputError(f"unknown replay method {method!r}",
+                     hint=", ".join(METHODS) + ", or tpe+cKxR (top K confirmed R times)")
+
+
+def confirmed_trials(budget: int, top: int, repeats: int) -> int:
+    """The most --trials whose confirmation (the top ``top`` and the
+    defaults, ``repeats`` fresh starts each) still fits ``budget`` launches
     (0: none does)."""
     fits = [t for t in range(2, budget + 1)
-            if t + min(_CONFIRM_TOP + 1, t) * _CONFIRM_REPEATS <= budget]
+            if t + min(top + 1, t) * repeats <= budget]
     return max(fits, default=0)
 
 
@@ -274,6 +300,19 @@ class Outcome:
     pick: str | None  # config key (None: no pick, or the budget is too small)
     gap: float | None  # the pick's true (table-median) gap to the table's best
     launches: list[Launch]
+    # The improvement over the engine defaults the search states (its
+    # profile's ``improvement``: the confirmation medians when both were
+    # re-measured, else one run each), and the true one (table medians).
+    claimed: float | None = None
+    true_gain: float | None = None
+
+    @property
+    def claim_error(self) -> float | None:
+        """How far the stated improvement is from the true one (0.1: it
+        claims 10% more than there is; negative: it understates)."""
+        if self.claimed is None or not self.true_gain:
+            return None
+        return self.claimed / self.true_gain - 1.0
 
     def reach(self, table: Table, within: float) -> tuple[int, float] | None:
         """Launches and seconds until the best measured so far (what the
@@ -312,18 +351,17 @@ def replay_search(prep: Any, table: Table, method: str, budget: int, seed: int,
     from qtune.search.reporter import NullReporter
 
     stand = StandIn(table, _spec_of(prep), random.Random(seed))
+    confirm = confirmation_of(method)
     if method == VLLM_AUTOTUNE:
         return _autotune(prep, table, stand, budget, seed)
-    if method not in QTUNE_METHODS:
-        raise InputError(f"unknown replay method {method!r}", hint=", ".join(METHODS))
-    trials = confirmed_trials(budget) if method == "tpe+confirm" else budget
+    top, repeats = confirm or (0, 1)
+    trials = confirmed_trials(budget, top, repeats) if confirm else budget
     if trials < 2:
         return Outcome(method, budget, seed, None, None, [])
     cfg = dataclasses.replace(
         prep.cfg, seed=seed, trials=trials, time_budget=None,
-        sampler="tpe" if method in ("tpe+confirm", "design") else method,
-        confirm_top=_CONFIRM_TOP if method == "tpe+confirm" else 0,
-        confirm_repeats=_CONFIRM_REPEATS)
+        sampler="tpe" if confirm or method == "design" else method,
+        confirm_top=top, confirm_repeats=repeats)
     name = f"{method.replace('+', '-')}-b{budget}-s{seed}"
     run_prep = dataclasses.replace(prep, cfg=cfg, study_name=name,
                                    storage_url=f"journal://{work / (name + '.log')}",
@@ -337,7 +375,8 @@ def replay_search(prep: Any, table: Table, method: str, budget: int, seed: int,
         res = runner.run_study(run_prep, NullReporter())
     pick = config_key(res.best.params, table.meta["tuned"]) if res.best else None
     return Outcome(method, budget, seed, pick, table.gap(pick) if pick is not None else None,
-                   stand.launches)
+                   stand.launches, claimed=res.improvement,
+                   true_gain=table.gain(pick) if pick is not None else None)
 
 
 def autotune_order(table: Table) -> list[dict[str, Any]]:
@@ -360,5 +399,7 @@ def _autotune(prep: Any, table: Table, stand: StandIn, budget: int, seed: int) -
         if best is None or sign * la.value < sign * best[0]:
             best = (la.value, la.key)
     pick = best[1] if best else None
+    # auto_tune.sh states no improvement: it never measures the defaults.
     return Outcome(VLLM_AUTOTUNE, budget, seed, pick,
-                   table.gap(pick) if pick is not None else None, stand.launches)
+                   table.gap(pick) if pick is not None else None, stand.launches,
+                   true_gain=table.gain(pick) if pick is not None else None)
