@@ -257,11 +257,15 @@ def render_search_result(res: Any) -> None:
     for n, c in sorted(conf.items(), key=lambda kv: int(kv[0])):
         ci = c["ci95"]
         base = res.baseline is not None and str(res.baseline.number) == n
+        fresh = c.get("fresh")
+        runs = fresh if fresh else c["values"]
         out.print(f"confirmed trial {n}{' (engine defaults)' if base else ''}: "
                   f"median {_fmt(c['median'])} over "
-                  f"{len(c['values'])} runs"
+                  f"{len(runs)}{' fresh' if fresh else ''} runs"
                   + (f" [95% CI {_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
-                  + f" ({', '.join(_fmt(v) for v in c['values'])})")
+                  + f" ({', '.join(_fmt(v) for v in runs)}"
+                  + (f"; the search's run {_fmt(c['values'][0])}, not counted)"
+                     if fresh else ")"))
     if res.pareto_front:
         lat = next(k for k in res.pareto_front[0] if k not in ("trial", "throughput",
                                                                 "params"))

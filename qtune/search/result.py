@@ -259,7 +259,7 @@ def _spread(conf: dict[str, Any]) -> tuple[float, float]:
     if conf.get("ci95"):
         lo, hi = conf["ci95"]
         return float(lo), float(hi)
-    vals = conf.get("values") or [conf["median"]]
+    vals = conf.get("fresh") or conf.get("values") or [conf["median"]]
     return float(min(vals)), float(max(vals))
 
 

@@ -1,12 +1,13 @@
 """The search replayed against a measured table (``qtune.search.replay``):
 only the measurement is replaced, and a change that makes the default search
-worse than random sampling on the CPU table fails here.
+worse than random sampling on the CPU table, or lets a lucky run pick the
+winner again, fails here.
 
-The tiny table is cut from the measured one
-(``benchmarks/results/replay-table-20261201``, vLLM CPU 0.32 on 2 vCPUs):
-the engine defaults and the largest full grid of ``max_num_seqs`` x
-``max_num_batched_tokens`` it measured, every run of each with its
-requests."""
+The table is the measured one (``benchmarks/results/replay-table-20261202``,
+vLLM CPU 0.32 on 2 vCPUs): the engine defaults and the 4 x 4 grid of
+``max_num_seqs`` x ``max_num_batched_tokens``, 3 fresh starts each, every
+run with its requests (cut to the largest fully measured grid, should a
+table be cut short)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,12 @@ from qtune.search.replay import StandIn, Table, measured_grid, replay_search, st
 from tests.fakes.sampler import script_random_sampler
 
 ROOT = Path(__file__).parent.parent.parent
-TABLE = ROOT / "benchmarks" / "results" / "replay-table-20261201"
+TABLE = ROOT / "benchmarks" / "results" / "replay-table-20261202"
 SEEDS = range(12)
-BUDGET = 4  # the defaults and 3 more launches, of 5 configs
+# The default search as a user runs it (TPE, the top-3 confirmation counted
+# in the launches) against random sampling at 10 launches (the fewest that
+# leave it 3 search launches after the confirmation), of 17 configs.
+BUDGET = 10
 # How much worse (mean true gap to the best, in points of the objective) the
 # default search may be than random sampling on this table before it fails:
 # over these seeds, see MARGIN_WHY.
@@ -128,7 +132,11 @@ def test_the_pruner_stops_a_replayed_run_where_it_would_stop_the_live_one(tiny):
     from qtune.search.pruning import make_pruner
 
     best_key, best = tiny.table.best()
-    worst = max(tiny.table.runs, key=tiny.table.true_value)
+    # (of the configs none of whose runs lost a request: a failed request
+    # stops a run before the percentile does)
+    worst = max((k for k, runs in tiny.table.runs.items()
+                 if not any(r.summary.get("failed") for r in runs)),
+                key=tiny.table.true_value)
     stand = StandIn(tiny.table, lambda p: tiny.prep.engine.launch_spec(
         p, tiny.prep.ctx, host="127.0.0.1", port=0), random.Random(0))
     spec = stand.spec_of(tiny.table.params[worst])
@@ -146,9 +154,45 @@ def mean_gap(tiny: Tiny, method: str, budget: int = BUDGET) -> float:
 
 
 def test_the_default_search_is_no_worse_than_random_at_equal_launches(tiny):
-    tpe, rnd = mean_gap(tiny, "tpe"), mean_gap(tiny, "random")
-    assert tpe <= rnd + MARGIN, (f"TPE's picks average {tpe:.1%} from the table's best, "
-                                 f"random's {rnd:.1%} ({MARGIN_WHY})")
+    tpe, rnd = mean_gap(tiny, "tpe+confirm"), mean_gap(tiny, "random")
+    assert tpe <= rnd + MARGIN, (f"the default search's picks average {tpe:.1%} from the "
+                                 f"table's best, random's {rnd:.1%} ({MARGIN_WHY})")
+
+
+# The default search as a user runs it (TPE and the top-3 confirmation,
+# its launches counted) at 20 launches, over SEEDS, on this table: its
+# pick's mean true gap to the best and the mean error of the improvement it
+# states.  Judged on the fresh confirmation runs (runner.judged_runs): 1.1%
+# and 2.5%; with the run that selected each config counted in its median,
+# as before: 3.5% and 7.9% (benchmarks/README.md, the replay section).
+CONFIRMED_BUDGET = 20
+MAX_MEAN_GAP = 0.02
+MAX_MEAN_CLAIM_ERROR = 0.05
+
+
+def confirmed_outcomes(tiny: Tiny) -> list[Any]:
+    return [replay_search(tiny.prep, tiny.table, "tpe+confirm", CONFIRMED_BUDGET, s, tiny.work)
+            for s in SEEDS]
+
+
+def test_a_lucky_run_does_not_pick_the_winner_or_its_figure(tiny):
+    outs = confirmed_outcomes(tiny)
+    gap = statistics.fmean(o.gap for o in outs)
+    err = statistics.fmean(o.claim_error for o in outs if o.claim_error is not None)
+    assert gap <= MAX_MEAN_GAP, f"the default search's picks average {gap:.1%} from the best"
+    assert err <= MAX_MEAN_CLAIM_ERROR, f"its stated gains average {err:+.1%} off the true ones"
+
+
+def test_the_lucky_run_criterion_can_fail(tiny, monkeypatch):
+    # Judged with the run that put each config in the top 3 counted (the
+    # winner's curse), the same searches fail it.
+    import qtune.search.runner as runner
+
+    monkeypatch.setattr(runner, "judged_runs", lambda first, fresh: [first, *fresh])
+    outs = confirmed_outcomes(tiny)
+    gap = statistics.fmean(o.gap for o in outs)
+    err = statistics.fmean(o.claim_error for o in outs if o.claim_error is not None)
+    assert gap > MAX_MEAN_GAP or err > MAX_MEAN_CLAIM_ERROR
 
 
 def test_the_threshold_can_fail(tiny, monkeypatch):
