@@ -261,7 +261,7 @@ def render_search_result(res: Any) -> None:
         runs = fresh if fresh else c["values"]
         out.print(f"confirmed trial {n}{' (engine defaults)' if base else ''}: "
                   f"median {_fmt(c['median'])} over "
-                  f"{len(runs)}{' fresh' if fresh else ''} runs"
+                  f"{len(runs)}{' fresh' if fresh else ''} run{'' if len(runs) == 1 else 's'}"
                   + (f" [95% CI {_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
                   + f" ({', '.join(_fmt(v) for v in runs)}"
                   + (f"; the search's run {_fmt(c['values'][0])}, not counted)"
