@@ -154,8 +154,11 @@ def test_pareto_levels_share_one_server_per_launch(tmp_path):
         assert (p["load_level"], own["load_level"]) == (1.0, 4.0)
         assert p["log"] == own["log"] and p["params"] == own["params"]
         assert p["summary"]["completed"] == 24 and p["summary"]["failed"] == 0
-        if own["status"] == "ok":
-            # One stream against four on the same server: less throughput.
+        # One stream against four on the engine defaults' server: less
+        # throughput.  Not asserted for the sampled config: on 2 cores one
+        # may not scale from one stream to four at all (seen in CI: 9.41
+        # req/s at one stream, 9.32 at four), and noise then decides.
+        if own["status"] == "ok" and own["baseline"]:
             assert p["values"][0] < own["values"][0]
     assert res["pareto_front"] and Path(res["profile"]).is_file()
     assert wait_gone(10) == []
