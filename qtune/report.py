@@ -19,7 +19,7 @@ from qtune.errors import StudyError, mask_url
 from qtune.files import check_target, write_atomic
 from qtune.search.choice import engine_summary, summary_lines
 from qtune.search.config import check_study_name
-from qtune.search.records import Attr, StudyAttr, TrialStatus
+from qtune.search.records import Attr, StudyAttr, TrialStatus, maximizes
 from qtune.search.result import summary_line, trials_frame, winner
 from qtune.search.storage import check_storage_url, open_storage
 
@@ -164,12 +164,6 @@ def importance_svg(imp: dict[str, float]) -> str:
     return "\n".join(out)
 
 
-def _maximize(study: optuna.Study) -> bool:
-    """Whether larger "value"s are better (pareto: the value is the latency)."""
-    return len(study.directions) == 1 and \
-        study.direction == optuna.study.StudyDirection.MAXIMIZE
-
-
 def _latency(objective: str) -> str:
     from qtune.objectives import pareto_latency
 
@@ -214,7 +208,7 @@ def _engines_html(study: optuna.Study) -> str:
 
 def render_html(study: optuna.Study, url: str, df: Any, imp: dict[str, float]) -> str:
     objective = study.user_attrs.get(StudyAttr.OBJECTIVE, "value")
-    maximize = _maximize(study)
+    maximize = maximizes(study)
     shown_url = html.escape(mask_url(url))
     cols = [c for c in df.columns if c not in ("detail",)]
     table = df[cols].to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}",

@@ -21,7 +21,14 @@ from optuna.distributions import (
 from optuna.trial import TrialState
 
 from qtune.search.inputs import Prepared
-from qtune.search.records import Attr, StudyAttr, TrialRecord, TrialStatus, ran_trials
+from qtune.search.records import (
+    Attr,
+    StudyAttr,
+    TrialRecord,
+    TrialStatus,
+    maximizes,
+    ran_trials,
+)
 from qtune.search.space import distributions, tidy
 
 ENGINE_PARAM = "engine"
@@ -76,9 +83,8 @@ def engine_summary(study: optuna.Study) -> list[dict[str, Any]] | None:
     names = study.user_attrs.get(StudyAttr.ENGINES)
     if not names:
         return None
-    maximize = len(study.directions) == 1 and \
-        study.direction == optuna.study.StudyDirection.MAXIMIZE
-    sign = -1 if maximize else 1
+    larger = maximizes(study)
+    sign = -1 if larger else 1
     conf = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
     recs = [TrialRecord.from_frozen(t) for t in ran_trials(study)
             if t.state == TrialState.COMPLETE]
@@ -101,11 +107,11 @@ def engine_summary(study: optuna.Study) -> list[dict[str, Any]] | None:
                      "baseline_trial": base.number if base else None,
                      "baseline_value": value(base) if base else None})
     values = [r["value"] for r in rows if r["value"] is not None]
-    top = (max if maximize else min)(values) if values else None
+    top = (max if larger else min)(values) if values else None
     for r in rows:
         v = r["value"]
         r["vs_best"] = (None if v is None or top is None or not v or not top
-                        else round(top / v if maximize else v / top, 4))
+                        else round(top / v if larger else v / top, 4))
     return rows
 
 

@@ -198,3 +198,10 @@ def ran_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The study's trials without the queued ones that never ran (design
     points left when a budget ended)."""
     return [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
+
+
+def maximizes(study: optuna.Study) -> bool:
+    """Whether larger values are better: a single-objective study that
+    maximises (pareto: the value is the latency, smaller is better)."""
+    return len(study.directions) == 1 and \
+        study.direction == optuna.study.StudyDirection.MAXIMIZE

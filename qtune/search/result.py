@@ -21,7 +21,15 @@ from qtune.profile import EngineInfo, Profile, StudyRef
 from qtune.quality import Quality
 from qtune.search.choice import engine_summary, summary_lines
 from qtune.search.inputs import Prepared, at_load
-from qtune.search.records import LAUNCHED, Attr, StudyAttr, TrialRecord, TrialStatus, ran_trials
+from qtune.search.records import (
+    LAUNCHED,
+    Attr,
+    StudyAttr,
+    TrialRecord,
+    TrialStatus,
+    maximizes,
+    ran_trials,
+)
 
 
 @dataclass
@@ -90,9 +98,7 @@ def winner(study: optuna.Study, pick: int | None = None) -> TrialRecord | None:
     confirmation = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
     if best is None or not confirmation or pick is not None:
         return best
-    maximize = len(study.directions) == 1 and \
-        study.direction == optuna.study.StudyDirection.MAXIMIZE
-    sign = -1 if maximize else 1
+    sign = -1 if maximizes(study) else 1
     # A config whose re-run failed (start or requests) cannot win while
     # another re-ran cleanly.
     clean = [k for k, c in confirmation.items() if not c.get("failures")]

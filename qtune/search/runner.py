@@ -590,8 +590,7 @@ def _start_design(prep: Prepared, study: optuna.Study, reporter: Reporter) -> No
         return
     if cfg.sampler not in ("tpe", "gp") or not prep.params:
         return
-    if any(not (t.user_attrs.get(Attr.BASELINE) or t.user_attrs.get(Attr.SEED))
-           for t in study.get_trials(deepcopy=False)):
+    if _design_queued(study):
         return  # resumed: the design was queued (and probably run) before
     n = startup_trials(cfg.trials)
     anchor, why = _seed_anchor(prep, study)
@@ -600,11 +599,7 @@ def _start_design(prep: Prepared, study: optuna.Study, reporter: Reporter) -> No
         return  # every tuned parameter is the seed's: the design would repeat it
 
     def valid(point: dict[str, Any]) -> bool:
-        full = {**tidy({**point, **anchor}, prep.params), **prep.fixed}
-        if prep.engine.check(full, prep.ctx):
-            return False
-        est = estimate_memory(prep, full)
-        return est is None or est.fits or not cfg.memory_check
+        return _launchable(prep, {**tidy({**point, **anchor}, prep.params), **prep.fixed})
 
     if anchor:
         what = ", ".join(f"{k}={v}" for k, v in anchor.items())
@@ -617,6 +612,22 @@ def _start_design(prep: Prepared, study: optuna.Study, reporter: Reporter) -> No
         study.enqueue_trial({**point, **anchor}, user_attrs=attrs)
 
 
+def _launchable(prep: Prepared, full: dict[str, Any]) -> bool:
+    """A start-design point the engine accepts and (with the memory check)
+    predicts to fit: the design spends no launch on one that cannot run."""
+    if prep.engine.check(full, prep.ctx):
+        return False
+    est = estimate_memory(prep, full)
+    return est is None or est.fits or not prep.cfg.memory_check
+
+
+def _design_queued(study: optuna.Study) -> bool:
+    """Whether the study has trials other than the baselines and seeds: a
+    resumed study, whose start design was queued (and probably run) before."""
+    return any(not (t.user_attrs.get(Attr.BASELINE) or t.user_attrs.get(Attr.SEED))
+               for t in study.get_trials(deepcopy=False))
+
+
 def _start_design_engines(prep: Prepared, study: optuna.Study) -> None:
     """``--engine a,b``: each engine's share of the start design, a Latin
     hypercube over its own space, the engines' points taken in turn (a
@@ -627,18 +638,13 @@ def _start_design_engines(prep: Prepared, study: optuna.Study) -> None:
     subs = [s for s in prep.engines.values() if s.params]
     if cfg.sampler != "tpe" or not subs:
         return
-    if any(not (t.user_attrs.get(Attr.BASELINE) or t.user_attrs.get(Attr.SEED))
-           for t in study.get_trials(deepcopy=False)):
+    if _design_queued(study):
         return  # resumed: the design was queued (and probably run) before
     share = -(-startup_trials(cfg.trials) // len(subs))
     designs = []
     for sub in subs:
         def valid(point: dict[str, Any], sub: Prepared = sub) -> bool:
-            full = {**tidy(point, sub.params), **sub.fixed}
-            if sub.engine.check(full, sub.ctx):
-                return False
-            est = estimate_memory(sub, full)
-            return est is None or est.fits or not cfg.memory_check
+            return _launchable(sub, {**tidy(point, sub.params), **sub.fixed})
 
         designs.append((sub.engine.name, initial_design(sub.params, share, cfg.seed, valid)))
     for i in range(max(len(points) for _, points in designs)):

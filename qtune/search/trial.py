@@ -231,7 +231,6 @@ def bench_config(prep: Prepared, spec: Any, wl: Any) -> Any:
                        reset_paths=prep.engine.cache_reset_paths())
 
 
-
 def remeasure(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: Reporter,
               *, phase: str, log_name: str, seed_offset: int,
               on_run: Any = None) -> tuple[dict[int, list[float]], dict[int, int]]:
