@@ -37,7 +37,7 @@ _RUN_KEYS = ("completed", "failed", "truncated", "duration_s", "request_throughp
              "output_tokens", "errors", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 # What qtune.bench.measure adds after the load's checks (optional ones last).
 _AFTER_CHECKS = ("cache_reset", "held_peak")
-_OPTIONAL = ("goodput", "keeps_up", "server", "contaminated", "capacity")
+_OPTIONAL = ("goodput", "keeps_up", "overloaded", "server", "contaminated", "capacity")
 
 
 @dataclass
@@ -70,6 +70,7 @@ class Measurement:
     checks: dict[str, Any] = field(default_factory=dict)
     goodput: dict[str, Any] | None = None  # with an SLO
     keeps_up: dict[str, Any] | None = None  # at a request rate
+    overloaded: str | None = None  # how the server fell behind that rate
     server: dict[str, Any] | None = None  # the server's /metrics view
     contaminated: str | None = None  # why the phase measured cached prefills
     capacity: dict[str, Any] | None = None  # --objective capacity's search

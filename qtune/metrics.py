@@ -175,6 +175,12 @@ def in_flight_at_sends(samples: list[RequestSample]) -> list[tuple[float, int]]:
     return out
 
 
+# What a run that did not keep up with its rate (qtune.bench.falls_behind)
+# means for its latency figures, said beside them.
+OVERLOAD_MEANS = ("its latencies are a growing queue's, set by the run's length as much "
+                  "as by the config (--objective capacity finds the rate a config holds)")
+
+
 def keeps_up(samples: list[RequestSample], offered: float) -> dict[str, Any]:
     """Did the server keep up with ``offered`` req/s over the arrival window?
 

@@ -164,7 +164,8 @@ def run_line(summary: dict[str, Any], start_s: float) -> str:
 
     return (f"ready in {start_s:.0f} s; e2e p99 {ms('e2e_p99')}, TTFT p50 "
             f"{ms('ttft_p50')}, TPOT p50 {ms('tpot_p50')}, "
-            f"{summary.get('request_throughput', 0):.2f} req/s")
+            f"{summary.get('request_throughput', 0):.2f} req/s"
+            + (f" (overloaded: {summary['overloaded']})" if summary.get("overloaded") else ""))
 
 
 def verify(

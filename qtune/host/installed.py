@@ -46,6 +46,8 @@ out["vllm_location"] = vspec.origin if vspec else None
 out["torch"] = {"version": torch_ver, "cuda": torch_cuda}
 sg = dist("sglang")
 out["sglang"] = {"version": sg[1]} if sg[0] else None
+gspec = importlib.util.find_spec("sglang") if sg[0] else None
+out["sglang_location"] = gspec.origin if gspec else None
 print(json.dumps(out))
 """
 
@@ -74,6 +76,17 @@ class InstalledEngines:
         return next((e for e in self.engines if e.name == name), None)
 
 
+def _pythonpath_of(location: str) -> str | None:
+    """This PYTHONPATH when the engine was found under it (a --target
+    install), so that servers, profiles and units carry it too."""
+    pypath = os.environ.get("PYTHONPATH")
+    if not pypath or not location:
+        return None
+    if any(p and location.startswith(os.path.abspath(p)) for p in pypath.split(os.pathsep)):
+        return pypath
+    return None
+
+
 def find_engines(python: str) -> InstalledEngines:
     engines: list[EngineInstall] = []
     notes: list[str] = []
@@ -99,16 +112,13 @@ def find_engines(python: str) -> InstalledEngines:
             build = "cuda"
         else:
             build = "cpu"
-        pypath = os.environ.get("PYTHONPATH")
         loc = facts.get("vllm_location") or ""
-        needs = pypath is not None and any(
-            p and loc.startswith(os.path.abspath(p)) for p in pypath.split(os.pathsep))
         engines.append(EngineInstall("vllm", v["version"], build, python, loc or None,
-                                     pypath if needs else None))
+                                     _pythonpath_of(loc)))
     if facts.get("sglang"):
-        engines.append(
-            EngineInstall("sglang", facts["sglang"]["version"], "cuda", python)
-        )
+        loc = facts.get("sglang_location") or ""
+        engines.append(EngineInstall("sglang", facts["sglang"]["version"], "cuda", python,
+                                     loc or None, _pythonpath_of(loc)))
     tgi = shutil.which("text-generation-launcher")
     if tgi:
         try:

@@ -108,3 +108,34 @@ def test_compose_file_passes_docker_compose_config(name, tmp_path):
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "variable is not set" not in r.stderr, r.stderr
+
+
+def test_the_h200_sglang_study_s_profile_emits_files_the_validators_accept(tmp_path):
+    """The profile `qtune search --engine sglang` wrote on the H200
+    (benchmarks/gpu-h200/run10-sglang) emits a unit systemd accepts, a
+    Compose file docker-compose accepts and manifests the Kubernetes schema
+    accepts.  Its Python is the device's, absent here: systemd checks that
+    ExecStart exists, so this host's Python stands in for it."""
+    real = Profile.load(Path(__file__).parent / "fixtures" / "sglang-0.5.17-h200-profile.yaml")
+    assert real.engine.name == "sglang" and real.argv[0] == "/opt/torch/.venv/bin/python3"
+    p = real.model_copy(update={"argv": [sys.executable, *real.argv[1:]]})
+    unit = emit(p, "systemd")
+    check_systemd(p, unit)
+    assert "--quantization fp8" in unit and "--max-running-requests 53" in unit
+    for kind, text in (("kubernetes", emit(p, "kubernetes")), ("compose", emit(p, "compose"))):
+        assert "lmsysorg/sglang:v0.5.17-cu130-runtime" in text, kind
+    if shutil.which("systemd-analyze"):
+        f = tmp_path / "qtune-h200-sglang.service"
+        f.write_text(unit)
+        r = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no", str(f)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0 and f.name not in r.stderr, r.stderr
+    if shutil.which("docker-compose"):
+        f = tmp_path / "compose.yaml"
+        f.write_text(emit(p, "compose"))
+        r = subprocess.run(["docker-compose", "-f", str(f), "config", "-q"],
+                           capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 0 and "variable is not set" not in r.stderr, r.stderr
+    kv = pytest.importorskip("kubernetes_validate")
+    for doc in yaml.safe_load_all(emit(p, "kubernetes")):
+        kv.validate(doc, kv.latest_version(), strict=True)

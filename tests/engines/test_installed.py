@@ -36,3 +36,22 @@ def test_a_launcher_without_its_shard_server_is_found_and_said_incomplete(
     _program(bin_, "text-generation-server")
     _program(bin_, "text-generation-router")
     assert find_engines(sys.executable).notes == []
+
+
+def test_an_engine_installed_with_pip_target_carries_its_pythonpath(tmp_path, monkeypatch):
+    """SGLang installed with `pip install --target DIR` (as on the H200, whose
+    image lacks it) is found through PYTHONPATH; its servers, profiles and
+    units must carry that PYTHONPATH, as vLLM's already did."""
+    site = tmp_path / "site"
+    (site / "sglang").mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("")
+    (site / "sglang-0.5.17.dist-info").mkdir()
+    (site / "sglang-0.5.17.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.17\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.setenv("PYTHONPATH", f"{other}:{site}")
+    sg = find_engines(sys.executable).get("sglang")
+    assert sg is not None and sg.version == "0.5.17"
+    assert sg.location == str(site / "sglang" / "__init__.py")
+    assert sg.pythonpath == f"{other}:{site}"

@@ -251,3 +251,41 @@ def test_shape_cuts_what_the_load_cannot_use(gpu_ctx):
     _, fixed, _ = e.shape(params, gpu_ctx, LoadView(rate=None, concurrency=8,
                                                     shared_prefix=True))
     assert fixed == {"max_running_requests": 8}
+
+
+# What a real SGLang 0.5.17 server served on the H200 (benchmarks/gpu-h200/run10-sglang,
+# scraped mid-run from the engine defaults' server): labels differ from the rendered
+# capture above (no dp_rank, an engine_type and a cache_source label, is_streaming
+# on the token counters), and the retraction counter is absent until a first
+# retraction; the view must still read every gauge and counter qtune shows.
+METRICS_H200 = (ENG_FIX / "sglang-0.5.17-metrics-h200.txt").read_text()
+
+
+def test_a_real_server_s_metrics_map_onto_the_server_view():
+    names = SGLang().metric_names()
+    snap = parse(METRICS_H200, names.engine_label)
+    assert snap[names.requests_running] == {"": 344.0}
+    assert snap[names.requests_waiting] == {"": 0.0}
+    assert snap[names.kv_cache_usage] == {"": 0.48}
+    # SGLang's own start-up request (6 prompt tokens, not streamed) plus 524 of qtune's
+    assert snap[names.prompt_tokens] == {"": 6.0 + 536576.0}
+    assert snap[names.prefix_cache_hits] == {"": 15.0}
+    assert names.preemptions not in snap
+    w = MetricsWatcher("http://x", names)
+    w.first = {k: {e: 0.0 for e in v} for k, v in snap.items()}
+    w.last = snap
+    r = w.report()
+    assert r is not None
+    assert r["prompt_tokens"] == 536582 and r["generation_tokens"] == 134152
+    assert r["prefix_cache_hit_rate"] == pytest.approx(15 / 536582)
+    assert r["preemptions"] == 0  # no retraction yet: the counter is not there
+
+
+def test_the_real_server_s_help_is_the_captured_one():
+    """The `--help` of the SGLang installed on the H200 lists the same
+    options as the one captured from the wheel, so the space read from the
+    wheel is the space the real install offers."""
+    real = (ENG_FIX / "sglang-0.5.17-help-h200.txt").read_text()
+    opts = set(re.findall(r"^  (--[a-z0-9-]+)", real, re.M))
+    assert len(opts) > 400
+    assert opts == set(re.findall(r"^  (--[a-z0-9-]+)", HELP, re.M))
