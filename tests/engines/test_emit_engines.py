@@ -112,11 +112,12 @@ def test_compose_file_passes_docker_compose_config(name, tmp_path):
 
 def test_the_h200_sglang_study_s_profile_emits_files_the_validators_accept(tmp_path):
     """The profile `qtune search --engine sglang` wrote on the H200
-    (benchmarks/gpu-h200/run10-sglang) emits a unit systemd accepts, a
+    (run 10 of benchmarks/gpu-h200/RESULTS.md; the worked example) emits a unit systemd accepts, a
     Compose file docker-compose accepts and manifests the Kubernetes schema
     accepts.  Its Python is the device's, absent here: systemd checks that
     ExecStart exists, so this host's Python stands in for it."""
-    real = Profile.load(Path(__file__).parent / "fixtures" / "sglang-0.5.17-h200-profile.yaml")
+    real = Profile.load(Path(__file__).parents[2] / "examples" / "h200-sglang-qwen3-4b"
+                        / "h200-sglang-qwen3-4b.yaml")
     assert real.engine.name == "sglang" and real.argv[0] == "/opt/torch/.venv/bin/python3"
     p = real.model_copy(update={"argv": [sys.executable, *real.argv[1:]]})
     unit = emit(p, "systemd")
