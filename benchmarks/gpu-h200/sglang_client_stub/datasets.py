@@ -1,2 +1,6 @@
-def load_dataset(*a, **k):  # the random-ids dataset never calls it; HF datasets is not installed there
+"""Stands in for HF datasets, which SGLang's benchmark client imports at module
+level and the device lacks; its random-ids dataset never calls it."""
+
+
+def load_dataset(*a, **k):
     raise RuntimeError("datasets is not installed")
