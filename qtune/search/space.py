@@ -132,12 +132,44 @@ def make_sampler(
             import torch  # noqa: F401
         except ImportError:
             raise InputError("--sampler gp needs scipy and torch",
-                             hint="pip install scipy torch, or use --sampler tpe") from None
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
+                             hint="pip install 'qtune[gp]' (and torch), "
+                             "or use --sampler tpe") from None
+        return _GP(seed=seed, n_startup_trials=startup)
     if name == "grid":
         return _Grid(grid_values(params), seed=seed)
     raise InputError(f"--sampler: unknown sampler {name!r}",
                      hint="choose one of " + ", ".join(SAMPLERS))
+
+
+class _WithParams:
+    """The study as GPSampler should see it: without the finished trials that
+    have no params (the engine defaults' baseline, which sets no flag).
+    GPSampler models the params every finished trial shares; with the
+    baseline among them that is none, and every trial fell back to random
+    sampling (the replay table showed GP no better than random)."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self._study = study
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def _get_trials(self, *args: Any, **kwargs: Any) -> list[optuna.trial.FrozenTrial]:
+        return [t for t in self._study._get_trials(*args, **kwargs)
+                if t.params or not t.state.is_finished()]
+
+
+class _GP(optuna.samplers.GPSampler):
+    """Optuna's GPSampler over the trials that set params (``_WithParams``)."""
+
+    def infer_relative_search_space(
+            self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+        return super().infer_relative_search_space(_WithParams(study), trial)  # type: ignore[arg-type]
+
+    def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                        search_space: dict[str, Any]) -> dict[str, Any]:
+        return super().sample_relative(_WithParams(study), trial,  # type: ignore[arg-type]
+                                       search_space)
 
 
 class _Grid(optuna.samplers.GridSampler):
