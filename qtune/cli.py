@@ -60,7 +60,7 @@ EnginePython = Annotated[
     typer.Option(
         "--engine-python",
         help="Python of the environment where the engine is installed "
-        "(default: this one).",
+        "(default: this one), or one per engine: vllm=PATH,sglang=PATH.",
     ),
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]

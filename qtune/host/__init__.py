@@ -20,7 +20,7 @@ from typing import Any
 
 from qtune.host.cpubind import find_allocators
 from qtune.host.gpu import GPU, GPUReport, read_gpus, record_nvml
-from qtune.host.installed import InstalledEngines, find_engines
+from qtune.host.installed import InstalledEngines, find_engines_for
 from qtune.host.settings import GOVERNOR, THP_DEFRAG, THP_ENABLED
 from qtune.host.sysfs import (
     PROBED_GLOBS,
@@ -162,7 +162,7 @@ def probe(
         thp=read_thp(root),
         gpu=read_gpus(nvml, root),
         # (without: the host's hardware only, no engine subprocess)
-        engines=(find_engines(engine_python or sys.executable) if with_engines
+        engines=(find_engines_for(engine_python, sys.executable) if with_engines
                  else InstalledEngines(engine_python or sys.executable, [])),
         usable_cpus=usable_cpus,
         nofile_limit=_nofile() if root == Path("/") else None,

@@ -15,6 +15,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qtune.errors import InputError
+
 _SCRIPT = r"""
 import importlib.metadata as md, importlib.util, json, re, sys
 out = {"python": sys.executable, "python_version": sys.version.split()[0]}
@@ -141,3 +143,58 @@ def find_engines(python: str) -> InstalledEngines:
             EngineInstall("tgi", ver[0] if ver else "unknown", "cuda", None, tgi)
         )
     return InstalledEngines(str(Path(python)), engines, error, notes)
+
+
+# The engines a Python can hold (TGI's launcher is found on PATH instead).
+PYTHON_ENGINES = ("vllm", "sglang")
+
+
+def parse_engine_pythons(spec: str) -> dict[str, str]:
+    """``--engine-python``: one Python for every engine (a path), or one per
+    engine, ``vllm=/opt/vllm/bin/python,sglang=/opt/sglang/bin/python``:
+    vLLM and SGLang pin different torch builds, so they often live in
+    separate environments.  ``{"": PATH}`` for the single form."""
+    if "=" not in spec:
+        return {"": spec}
+    out: dict[str, str] = {}
+    for part in spec.split(","):
+        name, sep, path = part.partition("=")
+        name, path = name.strip(), path.strip()
+        if not sep or not path:
+            raise InputError(f"--engine-python: {part!r} is not NAME=PATH",
+                             hint="one Python: --engine-python /opt/venv/bin/python; one "
+                             "per engine: --engine-python vllm=PATH,sglang=PATH")
+        if name == "tgi":
+            raise InputError("--engine-python: TGI is found on PATH "
+                             "(text-generation-launcher), not through a Python",
+                             hint="leave tgi out of --engine-python; put the launcher "
+                             "on PATH")
+        if name not in PYTHON_ENGINES:
+            raise InputError(f"--engine-python: unknown engine {name!r}",
+                             hint="engines with a Python: " + ", ".join(PYTHON_ENGINES))
+        if name in out:
+            raise InputError(f"--engine-python: {name} named twice",
+                             hint="one Python per engine")
+        out[name] = path
+    return out
+
+
+def find_engines_for(spec: str | None, default: str) -> InstalledEngines:
+    """The engines of ``--engine-python`` (``parse_engine_pythons``): with
+    one Python per engine, each engine is taken from its own Python only,
+    and the others from ``default`` (this Python)."""
+    pythons = parse_engine_pythons(spec) if spec else {"": default}
+    if "" in pythons:
+        return find_engines(pythons[""])
+    base = find_engines(default)
+    engines = [e for e in base.engines if e.name not in pythons]
+    notes, errors = list(base.notes), []
+    for name, python in pythons.items():
+        found = find_engines(python)
+        if found.error:
+            errors.append(found.error)
+        engines += [e for e in found.engines if e.name == name]
+    order = {n: i for i, n in enumerate((*PYTHON_ENGINES, "tgi"))}
+    engines.sort(key=lambda e: order.get(e.name, len(order)))
+    label = ", ".join(f"{n}={p}" for n, p in pythons.items())
+    return InstalledEngines(label, engines, "; ".join(errors) or base.error, notes)

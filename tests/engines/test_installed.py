@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
+
+import pytest
 
 from qtune.host import findings
 from qtune.host.installed import find_engines
@@ -55,3 +58,57 @@ def test_an_engine_installed_with_pip_target_carries_its_pythonpath(tmp_path, mo
     assert sg is not None and sg.version == "0.5.17"
     assert sg.location == str(site / "sglang" / "__init__.py")
     assert sg.pythonpath == f"{other}:{site}"
+
+
+def _python_seeing(folder, site):
+    """A Python whose environment holds ``site`` (as a venv of its own would)."""
+    py = folder / "python"
+    folder.mkdir(parents=True, exist_ok=True)
+    py.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    py.chmod(0o755)
+    return py
+
+
+def _fake_dist(site, name, version):
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text("")
+    (site / f"{name}-{version}.dist-info").mkdir()
+    (site / f"{name}-{version}.dist-info" / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def test_each_engine_from_its_own_python(tmp_path, monkeypatch):
+    """vLLM and SGLang pin different torch builds, so they live in separate
+    environments: `--engine-python vllm=A,sglang=B` takes each from its own."""
+    from qtune.host.installed import find_engines_for
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    _fake_dist(tmp_path / "site-v", "vllm", "0.26.0")
+    _fake_dist(tmp_path / "site-s", "sglang", "0.5.17")
+    py_v = _python_seeing(tmp_path / "env-v", tmp_path / "site-v")
+    py_s = _python_seeing(tmp_path / "env-s", tmp_path / "site-s")
+    found = find_engines_for(f"vllm={py_v},sglang={py_s}", sys.executable)
+    by = {e.name: e for e in found.engines}
+    assert by["vllm"].version == "0.26.0" and by["vllm"].python == str(py_v)
+    assert by["sglang"].version == "0.5.17" and by["sglang"].python == str(py_s)
+    assert found.python == f"vllm={py_v}, sglang={py_s}" and found.error is None
+    # an engine in the other's Python is not taken from there
+    found = find_engines_for(f"sglang={py_v}", sys.executable)
+    assert found.get("sglang") is None
+    # one Python for all: as before
+    assert find_engines_for(str(py_s), sys.executable).get("sglang").python == str(py_s)
+
+
+@pytest.mark.parametrize("spec,said", [
+    ("tgi=/x", "TGI is found on PATH"),
+    ("trtllm=/x", "unknown engine 'trtllm'"),
+    ("vllm=/a,vllm=/b", "vllm named twice"),
+    ("vllm=/a,/b", "'/b' is not NAME=PATH"),
+    ("sglang=", "'sglang=' is not NAME=PATH"),
+])
+def test_a_bad_engine_python_is_refused_before_anything_runs(spec, said):
+    from qtune.errors import InputError
+    from qtune.host.installed import parse_engine_pythons
+
+    with pytest.raises(InputError, match=re.escape(said)):
+        parse_engine_pythons(spec)

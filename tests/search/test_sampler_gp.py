@@ -11,7 +11,7 @@ from optuna.distributions import FloatDistribution, IntDistribution
 
 from qtune.search.space import make_sampler
 
-pytest.importorskip("scipy", reason="--sampler gp needs scipy (the test extra installs it)")
+pytest.importorskip("scipy", reason="--sampler gp needs scipy (the gp extra, which setup installs)")
 
 SPACE = {"max_num_seqs": IntDistribution(4, 256, log=True),
          "gpu_memory_utilization": FloatDistribution(0.7, 0.95)}
