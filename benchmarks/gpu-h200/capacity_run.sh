@@ -14,6 +14,7 @@
 #                            capacity_crosscheck.py --at <its capacity> over twice its longest probe
 #   capacity_run.sh wait     wait for the chain; copy what exists into $OUT
 set -u
+. "$(dirname "$0")/chain_lib.sh"
 export PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export PYTHONPATH=/tmp/site:/tmp/qrepo
 Q=/tmp/qt; mkdir -p $Q /tmp/wh
@@ -100,13 +101,10 @@ done
 touch $Q/DONE
 EOC
   fi
-  setsid nohup bash $Q/chain.sh > $Q/chain.out 2>&1 < /dev/null &
+  start_chain
   ;;
 esac
-LIMIT=${LIMIT:-570}
-while [ ! -f $Q/DONE ] && [ $(( $(date +%s)-T_CALL )) -lt $LIMIT ]; do sleep 5; done
-echo "elapsed since start: $(( $(date +%s)-$(cat $Q/t0) ))s; done=$([ -f $Q/DONE ] && echo yes || echo no)"
-cat $Q/chain.log 2>/dev/null
+wait_chain
 for f in $Q/search.json $Q/search.err $Q/h200-capacity.yaml $Q/cap.log $Q/winner.env $Q/capacity-*.json $Q/capacity-*.log $Q/view-ab-*.json $Q/view-ab-*.log $Q/server-*.log; do [ -f "$f" ] && cp "$f" $OUT/; done
 tail -c 1500 $Q/search.err 2>/dev/null
 for f in $(ls -t $Q/capacity-*.log $Q/view-ab-*.log 2>/dev/null | head -2); do echo "== $f"; tail -c 2500 $f; done

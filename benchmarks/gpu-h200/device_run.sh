@@ -13,6 +13,7 @@
 # start and wait copy what exists into $OUT.  The chain runs from a copy of the
 # repo in /tmp/qrepo: the device re-syncs the working tree on every call.
 set -u
+. "$(dirname "$0")/chain_lib.sh"
 export PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export PYTHONPATH=/tmp/site:/tmp/qrepo
 Q=/tmp/qt; mkdir -p $Q /tmp/wh
@@ -51,13 +52,10 @@ if [ "$VERIFY" = 1 ]; then
 fi
 touch $Q/DONE
 EOC
-  setsid nohup bash $Q/chain.sh > $Q/chain.out 2>&1 < /dev/null &
+  start_chain
   ;;
 esac
-LIMIT=${LIMIT:-570}
-while [ ! -f $Q/DONE ] && [ $(( $(date +%s)-T_CALL )) -lt $LIMIT ]; do sleep 5; done
-echo "elapsed since start: $(( $(date +%s)-$(cat $Q/t0) ))s; done=$([ -f $Q/DONE ] && echo yes || echo no)"
-cat $Q/chain.log 2>/dev/null
+wait_chain
 for f in probe.json probe.txt h200-qwen3-4b.yaml h200-qwen3-4b.service search.json verify.json; do
   [ -f $Q/$f ] && cp $Q/$f $OUT/; done
 cat $Q/probe.err $Q/search.err $Q/emit.out $Q/verify.err $Q/chain.out 2>/dev/null > $OUT/console.txt

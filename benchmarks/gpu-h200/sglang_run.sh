@@ -14,6 +14,7 @@
 # four fewer copy calls.
 # The study's extra flags come from $SEARCH_ARGS.  VERIFY_REPEAT=0 skips verify.
 set -u
+. "$(dirname "$0")/chain_lib.sh"
 export PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 SGLANG_DISABLE_REQUEST_LOGGING=1
 export PYTHONPATH=/tmp/site:/tmp/qrepo
 Q=/tmp/qt; mkdir -p $Q /tmp/wh
@@ -83,13 +84,10 @@ fi
 kill $SCRAPER
 touch $Q/DONE
 EOC
-  setsid nohup bash $Q/chain.sh > $Q/chain.out 2>&1 < /dev/null &
+  start_chain
   ;;
 esac
-LIMIT=${LIMIT:-570}
-while [ ! -f $Q/DONE ] && [ $(( $(date +%s)-T_CALL )) -lt $LIMIT ]; do sleep 5; done
-echo "elapsed since start: $(( $(date +%s)-$(cat $Q/t0) ))s; done=$([ -f $Q/DONE ] && echo yes || echo no)"
-cat $Q/chain.log 2>/dev/null
+wait_chain
 for f in probe.json probe.txt h200-sglang.yaml search.json verify.json; do
   [ -f $Q/$f ] && cp $Q/$f $OUT/; done
 cat $Q/probe.err $Q/search.err $Q/emit-*.out $Q/verify.err $Q/chain.out 2>/dev/null > $OUT/console.txt

@@ -165,6 +165,16 @@ def test_a_graph_capture_oom_asks_the_memory_it_failed_with():
 
 # --- metrics: the text SGLang's own collectors render -------------------------
 
+def report_from_zero(snap, names):
+    """The server view's report of a run whose counters went from 0 to ``snap``."""
+    w = MetricsWatcher("http://x", names)
+    w.first = {k: {e: 0.0 for e in v} for k, v in snap.items()}
+    w.last = snap
+    r = w.report()
+    assert r is not None
+    return r
+
+
 def test_metrics_map_onto_the_server_view():
     names = SGLang().metric_names()
     snap = parse(METRICS, names.engine_label)
@@ -174,11 +184,7 @@ def test_metrics_map_onto_the_server_view():
     for counter in (names.preemptions, names.prompt_tokens, names.generation_tokens,
                     names.request_success, names.prefix_cache_hits):
         assert counter in snap, counter
-    w = MetricsWatcher("http://x", names)
-    w.first = {k: {e: 0.0 for e in v} for k, v in snap.items()}
-    w.last = snap
-    r = w.report()
-    assert r is not None
+    r = report_from_zero(snap, names)
     assert r["preemptions"] == 2 and r["prompt_tokens"] == 3072
     assert r["generation_tokens"] == 768
     assert r["prefix_cache_hit_rate"] == pytest.approx(1024 / 3072)
@@ -271,11 +277,7 @@ def test_a_real_server_s_metrics_map_onto_the_server_view():
     assert snap[names.prompt_tokens] == {"": 6.0 + 536576.0}
     assert snap[names.prefix_cache_hits] == {"": 15.0}
     assert names.preemptions not in snap
-    w = MetricsWatcher("http://x", names)
-    w.first = {k: {e: 0.0 for e in v} for k, v in snap.items()}
-    w.last = snap
-    r = w.report()
-    assert r is not None
+    r = report_from_zero(snap, names)
     assert r["prompt_tokens"] == 536582 and r["generation_tokens"] == 134152
     assert r["prefix_cache_hit_rate"] == pytest.approx(15 / 536582)
     assert r["preemptions"] == 0  # no retraction yet: the counter is not there
