@@ -45,3 +45,32 @@ def test_verify_names_the_starts_that_failed(monkeypatch):
             "are from the rest") in text
     assert text.count("starts failed") == 1  # the side whose starts all ran: no line
     assert "e2e_p99: gain 3.00x, confirmed" in text
+
+
+def test_an_overloaded_trial_says_so_beside_its_figures(monkeypatch):
+    """The H200 SGLang study's trial 1 (40 req/s offered, ~26 served): its
+    line carries the overload and what it means for the latency."""
+    import io
+    from types import SimpleNamespace
+
+    import qtune.console as console
+    from qtune.metrics import OVERLOAD_MEANS
+
+    buf = io.StringIO()
+    monkeypatch.setattr(console, "err", type(console.err)(file=buf, width=400))
+    why = "served 25.70 of 40.00 req/s over the arrival window"
+    summary = {"e2e_ms": {"p99": 11399.1}, "ttft_ms": {"p50": 4815.0, "p99": 9545.6},
+               "request_throughput": 25.91, "failed": 0, "duration_s": 30.9,
+               "warmup_s": 7.7, "overloaded": why}
+    rec = SimpleNamespace(status="ok", server_of=None, total_s=112.0, baseline=False,
+                          load_level=None, params={"max_running_requests": 53},
+                          feasible=True, value=11399.1, values=None, summary=summary,
+                          startup_s=65.0, quality=None, number=1, reason=None, detail=None)
+    rep = console.SearchReporter("e2e_p99")  # not entered: no live status line
+    rep.trial_done(rec, rec)
+    text = " ".join(buf.getvalue().split())
+    assert f"overloaded: {why}: {' '.join(OVERLOAD_MEANS.split())}" in text
+    summary.pop("overloaded")
+    buf.truncate(0)
+    rep.trial_done(rec, rec)
+    assert "overloaded" not in buf.getvalue()
