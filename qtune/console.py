@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qtune.errors import QtuneError, mask_url, printable, redact
-from qtune.metrics import OVERLOAD_MEANS
+from qtune.metrics import overload_text
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -216,8 +216,7 @@ class SearchReporter:
         err.print(Text(f"trial {rec.number} {tag}", style="bold") + Text(params))
         err.print(Text(f"    {line}", style=style))
         if rec.status == "ok" and rec.summary.get("overloaded"):
-            err.print(Text(f"    overloaded: {rec.summary['overloaded']}: {OVERLOAD_MEANS}",
-                           style="yellow"))
+            err.print(Text(f"    {overload_text(rec.summary['overloaded'])}", style="yellow"))
         if rec.status == "ok" and (uneven := _uneven_replicas(rec.summary.get("server"))):
             err.print(Text(f"    {uneven}", style="yellow"))
         spec = ((rec.summary or {}).get("server") or {}).get("spec_decode")
@@ -292,10 +291,11 @@ def render_search_result(res: Any) -> None:
         within = (" (within the noise: the confirmation runs overlap the defaults'; "
                   "check with qtune verify)" if obj.get("separated") is False else "")
         out.print(f"improvement over the engine defaults: {res.improvement:.2f}x{within}")
-        over = [n for n in (res.profile.notes if res.profile else [])
-                if n.startswith("overloaded: ")]
-        for n in over:  # the improvement is a queue's: said right under it
-            out.print(Text(n, style="yellow"))
+        from qtune.search.result import overload_note
+
+        # the improvement is a queue's: said right under it
+        if res.best is not None and (over := overload_note(res.baseline, res.best)):
+            out.print(Text(over, style="yellow"))
     elif res.baseline is not None and res.baseline.status != "ok":
         out.print(f"the engine defaults failed ({res.baseline.reason}): any working "
                   "configuration is an improvement")
@@ -405,8 +405,7 @@ def _bench_warnings(res: dict[str, Any]) -> None:
             out.print(Text(f"warning{at}: {r['contaminated']}; not used for a decision",
                            style="bold red"))
         if r.get("overloaded"):
-            out.print(Text(f"warning{at}: overloaded: {r['overloaded']}: {OVERLOAD_MEANS}",
-                           style="yellow"))
+            out.print(Text(f"warning{at}: {overload_text(r['overloaded'])}", style="yellow"))
         if ud := r.get("usage_distrusted"):
             out.print(Text(
                 f"warning{at}: the server's usage counts were not believed for "

@@ -181,6 +181,11 @@ OVERLOAD_MEANS = ("its latencies are a growing queue's, set by the run's length 
                   "as by the config (--objective capacity finds the rate a config holds)")
 
 
+def overload_text(why: str) -> str:
+    """The line said beside the figures of a run (or runs) that fell behind."""
+    return f"overloaded: {why}: {OVERLOAD_MEANS}"
+
+
 def keeps_up(samples: list[RequestSample], offered: float) -> dict[str, Any]:
     """Did the server keep up with ``offered`` req/s over the arrival window?
 

@@ -188,13 +188,13 @@ def find_engines_for(spec: str | None, default: str) -> InstalledEngines:
         return find_engines(pythons[""])
     base = find_engines(default)
     engines = [e for e in base.engines if e.name not in pythons]
-    notes, errors = list(base.notes), []
+    # one run of the script for each Python (two engines may share one)
+    found = {p: find_engines(p) for p in dict.fromkeys(pythons.values())}
+    errors = [f.error for f in found.values() if f.error]
     for name, python in pythons.items():
-        found = find_engines(python)
-        if found.error:
-            errors.append(found.error)
-        engines += [e for e in found.engines if e.name == name]
+        engines += [e for e in found[python].engines if e.name == name]
     order = {n: i for i, n in enumerate((*PYTHON_ENGINES, "tgi"))}
     engines.sort(key=lambda e: order.get(e.name, len(order)))
     label = ", ".join(f"{n}={p}" for n, p in pythons.items())
-    return InstalledEngines(label, engines, "; ".join(errors) or base.error, notes)
+    return InstalledEngines(label, engines, "; ".join(errors) or base.error,
+                            list(base.notes))

@@ -155,11 +155,7 @@ def prepare(cfg: TuneConfig, *, host: HostFacts | None = None) -> Prepared:
         # ran it, as the study recorded it, and the trial's own command.
         install = recorded_install(storage_url, study_name)
     if install is None:
-        raise EngineError(
-            f"{cfg.engine} is not installed for {host.engines.python}"
-            + (f" ({host.engines.error})" if host.engines.error else ""),
-            hint=engine.install_hint(),
-        )
+        raise _not_installed(cfg.engine, host)
     if install.build == "cuda" and not host.gpus and cfg.pick is None:
         raise EngineError(
             f"{cfg.engine} {install.version} is a CUDA build but no NVIDIA GPU is visible",
@@ -180,6 +176,14 @@ def prepare(cfg: TuneConfig, *, host: HostFacts | None = None) -> Prepared:
     user_set = frozenset(override.entries) if override is not None else frozenset()
     return Prepared(cfg, host, engine, ctx, params, fixed, direction, study_name,
                     storage_url, study_dir, user_set)
+
+
+def _not_installed(name: str, host: HostFacts) -> EngineError:
+    """``name`` is not installed where the probe looked (``--engine-python``)."""
+    return EngineError(
+        f"{name} is not installed for {host.engines.python}"
+        + (f" ({host.engines.error})" if host.engines.error else ""),
+        hint=get_engine(name).install_hint())
 
 
 def _prepare_engines(cfg: TuneConfig, names: list[str]) -> Prepared:
@@ -211,10 +215,7 @@ def _prepare_engines(cfg: TuneConfig, names: list[str]) -> Prepared:
     # Every engine is installed, or none is asked anything (its arguments).
     for n in names:
         if host.engines.get(n) is None:
-            raise EngineError(
-                f"{n} is not installed for {host.engines.python}"
-                + (f" ({host.engines.error})" if host.engines.error else ""),
-                hint=get_engine(n).install_hint())
+            raise _not_installed(n, host)
     # Every engine is checked (installed, arguments read) before any file.
     subs = {n: prepare(dataclasses.replace(cfg, engine=n), host=host) for n in names}
     first = subs[names[0]]

@@ -16,7 +16,7 @@ from qtune.engines import gpus_used
 from qtune.errors import InputError, mask_url, redact
 from qtune.files import write_atomic
 from qtune.host import placement
-from qtune.metrics import OVERLOAD_MEANS
+from qtune.metrics import overload_text
 from qtune.objectives import pareto_latency
 from qtune.profile import EngineInfo, Profile, StudyRef
 from qtune.quality import Quality
@@ -313,6 +313,20 @@ def _as_ran(study: optuna.Study, rec: TrialRecord) -> Any:
     return SimpleNamespace(argv=argv, env=dict(a.get(Attr.ENV) or {}))
 
 
+def overload_note(baseline: TrialRecord | None, best: TrialRecord) -> str | None:
+    """Which of the engine defaults' and the winner's runs fell behind the
+    offered rate (``qtune.bench.falls_behind``), as the profile's notes and
+    the search's summary say it; None when neither did."""
+    kept = baseline is not None and best.number == baseline.number
+    behind = [(label, r.summary["overloaded"]) for label, r in
+              ((("engine defaults (kept)" if kept else "engine defaults"), baseline),
+               ("winner", None if kept else best))
+              if r is not None and r.summary and r.summary.get("overloaded")]
+    if not behind:
+        return None
+    return overload_text("; ".join(f"the {label} {why}" for label, why in behind))
+
+
 def build_profile(
     prep: Prepared,
     study: optuna.Study,
@@ -354,14 +368,8 @@ def build_profile(
         notes.append(f"searched across engines ({', '.join(r['engine'] for r in engines)})"
                      f"; the improvement is over {prep.engine.name}'s own defaults; each "
                      "engine's best: " + "; ".join(summary_lines(engines)))
-    kept = baseline is not None and best.number == baseline.number
-    behind = [(label, r.summary["overloaded"]) for label, r in
-              ((("engine defaults (kept)" if kept else "engine defaults"), baseline),
-               ("winner", None if kept else best))
-              if r is not None and r.summary and r.summary.get("overloaded")]
-    if behind:
-        notes.append("overloaded: " + "; ".join(
-            f"the {label} {why}" for label, why in behind) + ": " + OVERLOAD_MEANS)
+    if (over := overload_note(baseline, best)) is not None:
+        notes.append(over)
     if objective.get("separated") is False:
         notes.append("the winner's confirmation runs overlap the engine defaults': the "
                      "improvement is within this host's run-to-run noise; qtune verify "
