@@ -464,32 +464,40 @@ def find_capacity(
         return {"found": True, "value": lo, "unit": unit, "bracket": [lo, None],
                 "note": "SLO still met at the highest load tried", "steps": steps,
                 "decided": f"held at every load tried, up to {lo:g} {unit}", **basis}
-    # Bisect inside the bracket.
-    for _ in range(cfg.capacity_steps):
-        if by_rate and (hi - lo) / lo <= cfg.capacity_tolerance:
-            break
-        if not by_rate and hi - lo <= 1:
-            break
-        mid = (lo + hi) / 2 if by_rate else float(math.floor((lo + hi) / 2))
-        if probe_at(mid):
-            lo = mid
-        else:
-            hi = mid
+    def bisect(lo: float, hi: float) -> tuple[float, float]:
+        """Narrow [lo, hi) (lo held, hi did not) to the tolerance."""
+        for _ in range(cfg.capacity_steps):
+            if by_rate and (hi - lo) / lo <= cfg.capacity_tolerance:
+                break
+            if not by_rate and hi - lo <= 1:
+                break
+            mid = (lo + hi) / 2 if by_rate else float(math.floor((lo + hi) / 2))
+            if probe_at(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo, hi
+
+    lo, hi = bisect(lo, hi)
     # Re-measure the answer over twice the window, with fresh prompts: a load
-    # that only passed once by luck is no capacity.  When it fails, fall back
-    # to the next lower load that passed earlier (a 5% step is smaller than a
-    # short run's noise near the knee, so it can fail three times in a row),
-    # else a fifth lower (or one stream).
+    # that only passed once by luck is no capacity.  When it fails, it is the
+    # new upper end: fall back to the next lower load that passed earlier (a
+    # 5% step is smaller than a short run's noise near the knee, so it can
+    # fail three times in a row), else a fifth lower (or one stream), and
+    # bisect that bracket again.  Without the bisection a lucky first probe
+    # cost the resolution: on one H200, SGLang's defaults passed 30 req/s
+    # once, failed its re-measure, and the answer fell back to the last pass
+    # below, 20, with a bracket [20, 30) five times the tolerance.
     last: dict[str, Any] = {}
-    failed_at = [st for st in steps if not st["ok"] and st["load"] == hi]
-    for _ in range(4):
+    for _ in range(5):
         if probe_at(lo, scale=2.0):
             last = steps[-1]
             break
-        failed_at = [steps[-1]]
         hi = lo
         passed = [st["load"] for st in steps if st["ok"] and st["load"] < lo]
         lo = max(passed) if passed else (lo * 0.8 if by_rate else max(1.0, lo - 1))
+        lo, hi = bisect(lo, hi)
+    failed_at = [st for st in steps if not st["ok"] and st["load"] == hi]
     if not last:
         return {"found": False, "unit": unit, "bracket": [None, hi], "steps": steps,
                 "reason": f"no load held the SLO when re-measured (last tried {hi:g})",

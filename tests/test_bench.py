@@ -172,6 +172,21 @@ def test_capacity_falls_back_to_a_load_that_passed_before(monkeypatch):
     assert cap["bracket"][1] > 64
 
 
+def test_a_failed_re_measure_is_bisected_again_not_left_wide(monkeypatch):
+    """One H200, SGLang's defaults: 30 req/s passed its first short probe,
+    failed the re-measure, and the answer fell back to the last pass below,
+    20, bracket [20, 30).  Here loads up to 28 hold and (28, 34] pass once by
+    luck; the bracket after the fallback ([16, 32)) is bisected again."""
+    cap = _scripted_capacity(monkeypatch, lambda rate, n: rate <= 28 or (rate <= 34 and n == 1))
+    assert cap["found"], cap
+    assert cap["value"] == 28 and cap["at_value"]["ok"] and cap["at_value"]["load"] == 28
+    lo, hi = cap["bracket"]
+    assert (hi - lo) / lo <= 0.1, cap["bracket"]
+    # every reported capacity was held on a re-measure twice as long
+    assert cap["at_value"]["requests"] == 2 * max(
+        st["requests"] for st in cap["steps"] if st["load"] == 28 and st is not cap["at_value"])
+
+
 def test_capacity_not_found_when_no_load_holds_on_re_measure(monkeypatch):
     # Every load below 50 passes once only.
     cap = _scripted_capacity(monkeypatch, lambda rate, n: n == 1 and rate < 50)

@@ -105,20 +105,35 @@ def engine_summary(study: optuna.Study) -> list[dict[str, Any]] | None:
                                if best and str(best.number) in conf else "one run"),
                      "params": dict(best.params) if best else None,
                      "baseline_trial": base.number if base else None,
-                     "baseline_value": value(base) if base else None})
+                     "baseline_value": value(base) if base else None,
+                     **({"bracket": b} if best and (b := _bracket(best)) else {})})
     values = [r["value"] for r in rows if r["value"] is not None]
     top = (max if larger else min)(values) if values else None
     for r in rows:
         v = r["value"]
         r["vs_best"] = (None if v is None or top is None or not v or not top
                         else round(top / v if larger else v / top, 4))
+        if "bracket" in r and top is not None and v != top:
+            # A capacity is a bracket [held, failed): an engine is measured
+            # below the best only if it failed at a load the best held.  On
+            # one H200, SGLang's defaults held 20 and failed only at 30, vLLM's
+            # held 27.5: "1.38x" was the search's resolution, not a gap.
+            failed_at = r["bracket"][1]
+            r["separated"] = failed_at is not None and failed_at <= top
     return rows
+
+
+def _bracket(r: TrialRecord) -> list[float | None] | None:
+    """A capacity trial's [highest load held, lowest load that failed above it]."""
+    b = ((r.summary or {}).get("capacity") or {}).get("bracket")
+    return list(b) if b else None
 
 
 def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
     """``engine_summary`` as text, one engine a line: ``qtune report``, the
     HTML report and the profile's note."""
     out = []
+    top = next((r["value"] for r in rows if r["vs_best"] == 1.0), None)
     for r in rows:
         if r["trial"] is None:
             out.append(f"{r['engine']}: no feasible trial")
@@ -126,6 +141,15 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
         base = ("" if r["baseline_value"] is None
                 else f", its defaults {r['baseline_value']:.4g}")
         rel = "best" if r["vs_best"] == 1.0 else f"{r['vs_best']:.2f}x the best"
-        out.append(f"{r['engine']}: trial {r['trial']} {r['value']:.4g} ({r['basis']}; "
+        if r.get("separated") is False:
+            failed = r["bracket"][1]
+            rel += (f", not separated from it: failed only at {failed:.4g}, above the "
+                    f"best's {top:.4g}" if failed is not None
+                    else ", not separated from it: held every load tried")
+        value = f"{r['value']:.4g}"
+        if "bracket" in r:
+            value += (f" [{r['bracket'][0]:.4g}, {r['bracket'][1]:.4g})"
+                      if r["bracket"][1] is not None else f" [{r['bracket'][0]:.4g}, -)")
+        out.append(f"{r['engine']}: trial {r['trial']} {value} ({r['basis']}; "
                    f"{rel}){base}")
     return out

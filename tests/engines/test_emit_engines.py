@@ -110,23 +110,37 @@ def test_compose_file_passes_docker_compose_config(name, tmp_path):
     assert "variable is not set" not in r.stderr, r.stderr
 
 
-def test_the_h200_sglang_study_s_profile_emits_files_the_validators_accept(tmp_path):
-    """The profile `qtune search --engine sglang` wrote on the H200
-    (run 10 of benchmarks/gpu-h200/RESULTS.md; the worked example) emits a unit systemd accepts, a
-    Compose file docker-compose accepts and manifests the Kubernetes schema
-    accepts.  Its Python is the device's, absent here: systemd checks that
-    ExecStart exists, so this host's Python stands in for it."""
-    real = Profile.load(Path(__file__).parents[2] / "examples" / "h200-sglang-qwen3-4b"
-                        / "h200-sglang-qwen3-4b.yaml")
-    assert real.engine.name == "sglang" and real.argv[0] == "/opt/torch/.venv/bin/python3"
+# The profiles the H200 studies wrote (the worked examples): the engine, the
+# device's Python in ExecStart, flags the unit must carry, and the image.
+H200_EXAMPLES = [
+    # run 10: `qtune search --engine sglang`
+    ("h200-sglang-qwen3-4b", "h200-sglang-qwen3-4b.yaml", "sglang", "/opt/torch/.venv/bin/python3",
+     ("--quantization fp8", "--max-running-requests 53"), "lmsysorg/sglang:v0.5.17-cu130-runtime"),
+    # run 11: `qtune search --engine vllm,sglang --objective capacity`: vLLM's defaults won
+    ("h200-vllm-vs-sglang", "h200-engines.yaml", "vllm", "/tmp/venv-vllm/bin/python",
+     ("-m vllm.entrypoints.openai.api_server", "--load-format dummy"), "vllm/vllm-openai:v0.26.0"),
+]
+
+
+@pytest.mark.parametrize("folder,name,engine,python,flags,image", H200_EXAMPLES,
+                         ids=[e[0] for e in H200_EXAMPLES])
+def test_the_h200_studies_profiles_emit_files_the_validators_accept(
+        tmp_path, folder, name, engine, python, flags, image):
+    """The profiles `qtune search` wrote on the H200 (runs 10 and 11 of
+    benchmarks/gpu-h200/RESULTS.md; the worked examples) emit a unit systemd
+    accepts, a Compose file docker-compose accepts and manifests the
+    Kubernetes schema accepts.  Their Python is the device's, absent here:
+    systemd checks that ExecStart exists, so this host's Python stands in."""
+    real = Profile.load(Path(__file__).parents[2] / "examples" / folder / name)
+    assert real.engine.name == engine and real.argv[0] == python
     p = real.model_copy(update={"argv": [sys.executable, *real.argv[1:]]})
     unit = emit(p, "systemd")
     check_systemd(p, unit)
-    assert "--quantization fp8" in unit and "--max-running-requests 53" in unit
+    assert all(f in unit for f in flags), unit
     for kind, text in (("kubernetes", emit(p, "kubernetes")), ("compose", emit(p, "compose"))):
-        assert "lmsysorg/sglang:v0.5.17-cu130-runtime" in text, kind
+        assert image in text, kind
     if shutil.which("systemd-analyze"):
-        f = tmp_path / "qtune-h200-sglang.service"
+        f = tmp_path / f"qtune-{folder}.service"
         f.write_text(unit)
         r = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no", str(f)],
                            capture_output=True, text=True)

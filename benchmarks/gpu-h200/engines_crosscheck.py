@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Each engine's best trial of a ``qtune search --engine vllm,sglang --objective
+capacity`` study, measured again by that engine's own benchmark client (issue 16,
+item 4).  For each engine, in turn and alone on the GPU:
+
+1. a fresh start of the exact command the study ran (its argv and env, from the
+   journal), ready when ``/v1/models`` answers;
+2. the engine's client at the capacity qtune reported, over as many requests as
+   qtune's deciding re-measure (the run that made that rate the capacity), after a
+   warm-up: vLLM's ``vllm bench serve`` (random dataset) or SGLang's
+   ``sglang.benchmark.serving`` (random-ids), both with fixed lengths and EOS
+   ignored, seeds no probe used;
+3. the server's own prefix-cache counters read before and after (vLLM's
+   ``prefix_cache_hits/queries``, SGLang's ``cached_tokens/prompt_tokens``): the
+   client's prompts must not hit a cache the probes never had.
+
+Prints the engine client's figures beside qtune's re-measure and writes them as JSON.
+
+    python engines_crosscheck.py /tmp/qt/eng.log --slo ttft_p99=1000,tpot_p99=30 \\
+        --input-len 1024 --output-len 256 --json /tmp/qt/crosscheck.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from server_view_ab import vllm_bench_serve  # noqa: E402
+
+STUB = HERE / "sglang_client_stub"  # SGLang's client imports HF datasets, never calls it
+COUNTERS = {"vllm": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+            "sglang": ("sglang:cached_tokens_total", "sglang:prompt_tokens_total")}
+
+
+def best_trials(journal: str) -> dict[str, optuna.trial.FrozenTrial]:
+    """Each engine's completed trial with the highest capacity."""
+    storage = JournalStorage(JournalFileBackend(journal))
+    study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0],
+                              storage=storage)
+    best: dict[str, optuna.trial.FrozenTrial] = {}
+    for t in study.trials:
+        argv = t.user_attrs.get("argv") or []
+        # a study of one engine marks no trial's engine: its command says it
+        eng = t.user_attrs.get("engine") or next(
+            (e for e in COUNTERS if any(x.startswith(e + ".") for x in argv[1:3])), None)
+        if t.state != optuna.trial.TrialState.COMPLETE or t.value is None or not eng:
+            continue
+        if eng not in best or t.value > (best[eng].value or 0.0):
+            best[eng] = t
+    return best
+
+
+def counters(url: str, names: tuple[str, str]) -> tuple[float, float] | None:
+    """The sums of the two counters over their label sets, or None."""
+    try:
+        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    except OSError:
+        return None
+    sums = [0.0, 0.0]
+    for line in text.splitlines():
+        m = re.match(r"([a-zA-Z_:]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$", line)
+        if m and m.group(1) in names:
+            sums[names.index(m.group(1))] += float(m.group(3))
+    return sums[0], sums[1]
+
+
+def start(argv: list[str], env: dict[str, str],
+          log: Path) -> tuple[subprocess.Popen[bytes], str, float]:
+    port = argv[argv.index("--port") + 1]
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.time()
+    with log.open("w") as out:
+        srv = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    while True:
+        if srv.poll() is not None:
+            raise SystemExit(f"server exited ({srv.returncode}); see {log}")
+        try:
+            urllib.request.urlopen(url + "/v1/models", timeout=3).read()
+            return srv, url, time.time() - t0
+        except OSError:
+            time.sleep(2)
+        if time.time() - t0 > 900:
+            os.killpg(srv.pid, signal.SIGKILL)
+            raise SystemExit("server not ready after 900 s")
+
+
+def sglang_bench(python: str, url: str, model: str, tok: str, a: argparse.Namespace,
+                 rate: float, n: int, seed: int, work: Path) -> dict[str, Any]:
+    out = work / f"sglang-{seed}.jsonl"
+    cmd = [python, "-m", "sglang.benchmark.serving", "--backend", "sglang-oai",
+           "--base-url", url, "--model", model, "--tokenizer", tok,
+           "--dataset-name", "random-ids", "--random-input-len", str(a.input_len),
+           "--random-output-len", str(a.output_len), "--random-range-ratio", "1.0",
+           "--num-prompts", str(n), "--request-rate", str(rate), "--seed", str(seed),
+           "--warmup-requests", str(a.warmup), "--output-file", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(STUB), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    (work / f"sglang-{seed}.txt").write_text(r.stdout + r.stderr)
+    if r.returncode != 0:
+        raise SystemExit(f"SGLang's client failed: {r.stderr[-3000:]}")
+    d: dict[str, Any] = json.loads(out.read_text().splitlines()[-1])
+    return {"completed": d["completed"], "failed": n - d["completed"],
+            "req_s": d["request_throughput"], "duration_s": d["duration"],
+            "prompt_tokens": d["total_input_tokens"],
+            **{f"{m}_{p}": d[f"{'median' if p == 'p50' else p}_{k}_ms"]
+               for m, k in (("ttft", "ttft"), ("tpot", "tpot"), ("e2e", "e2e_latency"))
+               for p in ("p50", "p99")}}
+
+
+def vllm_bench(python: str, url: str, model: str, tok: str, a: argparse.Namespace,
+               rate: float, n: int, seed: int, work: Path) -> dict[str, Any]:
+    d = vllm_bench_serve(python, url, model, tok, a.input_len, a.output_len, rate, n,
+                         a.warmup, seed, work)
+    return {"completed": d["completed"], "failed": d.get("failed", 0),
+            "req_s": d["request_throughput"], "duration_s": d["duration"],
+            "prompt_tokens": d.get("total_input_tokens"),
+            **{f"{m}_{p}": d.get(f"{p if p != 'p50' else 'median'}_{k}_ms")
+               for m, k in (("ttft", "ttft"), ("tpot", "tpot"), ("e2e", "e2el"))
+               for p in ("p50", "p99")}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("journal")
+    ap.add_argument("--slo", default="ttft_p99=1000,tpot_p99=30",
+                    help="metric=ms limits, comma-separated")
+    ap.add_argument("--input-len", type=int, default=1024)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--warmup", type=int, default=160)
+    ap.add_argument("--engines", default="", help="only these (comma-separated)")
+    ap.add_argument("--json", type=Path, required=True)
+    a = ap.parse_args()
+    slo = {k: float(v) for k, v in (x.split("=") for x in a.slo.split(","))}
+    work = a.json.parent
+    done: dict[str, Any] = json.loads(a.json.read_text()) if a.json.exists() else {}
+    # the higher capacity first: the study's answer is checked even if time runs out
+    ranked = sorted(best_trials(a.journal).items(), key=lambda kv: -(kv[1].value or 0.0))
+    for seed, (eng, t) in enumerate(ranked, start=7001):
+        if (a.engines and eng not in a.engines.split(",")) or eng in done:
+            continue
+        summary = t.user_attrs.get("summary") or {}
+        cap = summary.get("capacity") or {}
+        steps = cap.get("steps") or []
+        held = [s for s in steps if s["ok"] and s["load"] == cap.get("value")]
+        if not cap.get("found") or not held:
+            print(f"{eng}: trial {t.number} has no capacity to cross-check", flush=True)
+            continue
+        rate, n = float(cap["value"]), int(held[-1]["requests"])
+        argv, env = list(t.user_attrs["argv"]), dict(t.user_attrs.get("env") or {})
+        name = argv[argv.index("--served-model-name") + 1]
+        tok = argv[argv.index("--tokenizer-path" if "--tokenizer-path" in argv
+                              else "--tokenizer") + 1]
+        srv, url, ready = start(argv, env, work / f"x-{eng}-server.log")
+        print(f"{eng}: trial {t.number} ready after {ready:.0f} s; "
+              f"its client at {rate:g} req/s, {n} requests", flush=True)
+        try:
+            before = counters(url, COUNTERS[eng])
+            bench = vllm_bench if eng == "vllm" else sglang_bench
+            r = bench(argv[0], url, name, tok, a, rate, n, seed, work)
+            after = counters(url, COUNTERS[eng])
+        finally:
+            os.killpg(srv.pid, signal.SIGKILL)
+            srv.wait()
+        hit = None
+        if before and after and after[1] > before[1]:
+            # includes the warm-up's: a repeated warm-up prompt hits on purpose
+            hit = (after[0] - before[0]) / (after[1] - before[1])
+        r["prefix_cache_hit_rate_incl_warmup"] = hit
+        r["slo_held"] = all((r.get(k) or 0) <= v for k, v in slo.items()) and r["failed"] == 0
+        r["served_share"] = r["req_s"] / rate
+        qt = {k: held[-1].get(k) for k in ("ttft_p99", "tpot_p99", "e2e_p99", "throughput",
+                                            "requests", "prefix_cache_hit_rate")}
+        done[eng] = {"trial": t.number, "baseline": bool(t.user_attrs.get("baseline")),
+                     "params": t.user_attrs.get("launch_params"), "capacity": rate,
+                     "requests": n, "startup_s": ready, "engine_client": r, "qtune": qt}
+        a.json.write_text(json.dumps(done, indent=2))
+        print(f"{eng}: engine client {r['req_s']:.2f} req/s, TTFT p99 {r['ttft_p99']:.0f} ms, "
+              f"TPOT p99 {r['tpot_p99']:.1f} ms, E2E p99 {r['e2e_p99']:.0f} ms, "
+              f"failed {r['failed']}, prompt tokens/req "
+              f"{(r['prompt_tokens'] or 0) / max(1, r['completed']):.0f}, "
+              f"SLO {'held' if r['slo_held'] else 'BROKEN'}; qtune's re-measure {qt}", flush=True)
+        time.sleep(5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
