@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import time
@@ -39,12 +37,17 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path[:0] = [str(HERE.parent), str(HERE.parents[1])]  # benchmarks/, the repo (qtune)
 from server_view_ab import vllm_bench_serve  # noqa: E402
 
+from qtune.launch import LaunchSpec  # noqa: E402
+from qtune.load.prometheus import parse  # noqa: E402
+from qtune.server import Server  # noqa: E402
+
 STUB = HERE / "sglang_client_stub"  # SGLang's client imports HF datasets, never calls it
-COUNTERS = {"vllm": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
-            "sglang": ("sglang:cached_tokens_total", "sglang:prompt_tokens_total")}
+# (hits, queries) as qtune.load.prometheus.parse names them ("_total" stripped)
+COUNTERS = {"vllm": ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
+            "sglang": ("sglang:cached_tokens", "sglang:prompt_tokens")}
 
 
 def best_trials(journal: str) -> dict[str, optuna.trial.FrozenTrial]:
@@ -68,53 +71,39 @@ def best_trials(journal: str) -> dict[str, optuna.trial.FrozenTrial]:
 def counters(url: str, names: tuple[str, str]) -> tuple[float, float] | None:
     """The sums of the two counters over their label sets, or None."""
     try:
-        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+        snap = parse(urllib.request.urlopen(url + "/metrics", timeout=10).read().decode())
     except OSError:
         return None
-    sums = [0.0, 0.0]
-    for line in text.splitlines():
-        m = re.match(r"([a-zA-Z_:]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$", line)
-        if m and m.group(1) in names:
-            sums[names.index(m.group(1))] += float(m.group(3))
-    return sums[0], sums[1]
+    hits, queries = (sum(snap.get(n, {}).values()) for n in names)
+    return hits, queries
 
 
-def start(argv: list[str], env: dict[str, str],
-          log: Path) -> tuple[subprocess.Popen[bytes], str, float]:
-    port = argv[argv.index("--port") + 1]
-    url = f"http://127.0.0.1:{port}"
-    t0 = time.time()
-    with log.open("w") as out:
-        srv = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    while True:
-        if srv.poll() is not None:
-            raise SystemExit(f"server exited ({srv.returncode}); see {log}")
-        try:
-            urllib.request.urlopen(url + "/v1/models", timeout=3).read()
-            return srv, url, time.time() - t0
-        except OSError:
-            time.sleep(2)
-        if time.time() - t0 > 900:
-            os.killpg(srv.pid, signal.SIGKILL)
-            raise SystemExit("server not ready after 900 s")
+def sglang_client(python: str, url: str, model: str, tok: str, input_len: int,
+                  output_len: int, rate: float, n: int, seed: int, jsonl: Path, txt: Path,
+                  warmup: int = 1, pythonpath: str = "") -> dict[str, Any]:
+    """SGLang's ``sglang.benchmark.serving`` on its random-ids dataset (fixed lengths,
+    EOS ignored, its default), its console output in ``txt``; its saved result.
+    ``warmup`` 1 is the client's own default; ``pythonpath`` goes before the stub."""
+    cmd = [python, "-m", "sglang.benchmark.serving", "--backend", "sglang-oai",
+           "--base-url", url, "--model", model, "--tokenizer", tok,
+           "--dataset-name", "random-ids", "--random-input-len", str(input_len),
+           "--random-output-len", str(output_len), "--random-range-ratio", "1.0",
+           "--num-prompts", str(n), "--request-rate", str(rate), "--seed", str(seed),
+           "--warmup-requests", str(warmup), "--output-file", str(jsonl)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, str(STUB)) if p)}
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    txt.write_text(r.stdout + r.stderr)
+    if r.returncode != 0:
+        raise SystemExit(f"SGLang's client failed: {r.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(jsonl.read_text().splitlines()[-1])
+    return result
 
 
 def sglang_bench(python: str, url: str, model: str, tok: str, a: argparse.Namespace,
                  rate: float, n: int, seed: int, work: Path) -> dict[str, Any]:
-    out = work / f"sglang-{seed}.jsonl"
-    cmd = [python, "-m", "sglang.benchmark.serving", "--backend", "sglang-oai",
-           "--base-url", url, "--model", model, "--tokenizer", tok,
-           "--dataset-name", "random-ids", "--random-input-len", str(a.input_len),
-           "--random-output-len", str(a.output_len), "--random-range-ratio", "1.0",
-           "--num-prompts", str(n), "--request-rate", str(rate), "--seed", str(seed),
-           "--warmup-requests", str(a.warmup), "--output-file", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(STUB), "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-    (work / f"sglang-{seed}.txt").write_text(r.stdout + r.stderr)
-    if r.returncode != 0:
-        raise SystemExit(f"SGLang's client failed: {r.stderr[-3000:]}")
-    d: dict[str, Any] = json.loads(out.read_text().splitlines()[-1])
+    d = sglang_client(python, url, model, tok, a.input_len, a.output_len, rate, n, seed,
+                      work / f"sglang-{seed}.jsonl", work / f"sglang-{seed}.txt", a.warmup)
     return {"completed": d["completed"], "failed": n - d["completed"],
             "req_s": d["request_throughput"], "duration_s": d["duration"],
             "prompt_tokens": d["total_input_tokens"],
@@ -166,17 +155,19 @@ def main() -> int:
         name = argv[argv.index("--served-model-name") + 1]
         tok = argv[argv.index("--tokenizer-path" if "--tokenizer-path" in argv
                               else "--tokenizer") + 1]
-        srv, url, ready = start(argv, env, work / f"x-{eng}-server.log")
-        print(f"{eng}: trial {t.number} ready after {ready:.0f} s; "
-              f"its client at {rate:g} req/s, {n} requests", flush=True)
-        try:
+        # the exact command the study ran, under qtune's guard (stopped with this
+        # script; the guard's `python -m qtune.guard` finds qtune from the repo, the cwd)
+        spec = LaunchSpec(argv=tuple(argv), env=env, host="127.0.0.1",
+                          port=int(argv[argv.index("--port") + 1]), served_model=name)
+        with Server(spec, work / f"x-{eng}-server.log") as srv:
+            ready = srv.wait_ready(900)
+            url = spec.base_url
+            print(f"{eng}: trial {t.number} ready after {ready:.0f} s; "
+                  f"its client at {rate:g} req/s, {n} requests", flush=True)
             before = counters(url, COUNTERS[eng])
             bench = vllm_bench if eng == "vllm" else sglang_bench
             r = bench(argv[0], url, name, tok, a, rate, n, seed, work)
             after = counters(url, COUNTERS[eng])
-        finally:
-            os.killpg(srv.pid, signal.SIGKILL)
-            srv.wait()
         hit = None
         if before and after and after[1] > before[1]:
             # includes the warm-up's: a repeated warm-up prompt hits on purpose

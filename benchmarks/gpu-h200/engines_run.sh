@@ -39,8 +39,7 @@ start)
   IMAGE_SITE=$(python3 -c "import site; print(site.getsitepackages()[0])")
   for e in v sg; do
     src=$REPO/.vwheels; [ $e = sg ] && src=$REPO/.sgwheels
-    cd /tmp/wh/$e && cat $(ls part.* | sort -t. -k2 -n) > all.tar && sha256sum -c $src/all.sha \
-      && tar xf all.tar && rm -f part.* all.tar || exit 3
+    join_parts /tmp/wh/$e $src/all.sha; cd /tmp/wh/$e
     venv=/tmp/venv-$e; [ $e = v ] && venv=/tmp/venv-vllm; [ $e = sg ] && venv=/tmp/venv-sglang
     python3 -m venv --without-pip $venv || exit 3
     SP=$($venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
@@ -48,7 +47,7 @@ start)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SP \
       /tmp/wh/$e/w/*.whl 2>&1 | tail -3
     [ -f vllm-tree.tar.xz ] && xz -dc vllm-tree.tar.xz | tar xf - -C $SP
-    [ -f flash_ops.xz ] && xz -dc flash_ops.xz > $SP/sgl_kernel/flash_ops.abi3.so
+    [ -f flash_ops.xz ] && put_back_flash_ops /tmp/wh/$e $SP
   done
   echo "install_s=$(( $(date +%s)-t )) image site $IMAGE_SITE"
   cd /tmp/qrepo

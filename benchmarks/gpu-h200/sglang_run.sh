@@ -26,11 +26,11 @@ start)
   date +%s > $Q/t0; REPO=$PWD
   rm -rf /tmp/qrepo && mkdir -p /tmp/qrepo && cp -r qtune examples pyproject.toml /tmp/qrepo/ \
     && mkdir -p /tmp/qrepo/studies /tmp/qrepo/profiles
-  cp .sgwheels/p${LAST:-8}/* /tmp/wh/ && cd /tmp/wh && cat $(ls part.* | sort -t. -k2 -n) > all.tar \
-    && sha256sum all.tar && cat $REPO/.sgwheels/all.sha && tar xf all.tar && rm -f part.* all.tar || exit 3
+  cp .sgwheels/p${LAST:-8}/* /tmp/wh/ || exit 3
+  join_parts /tmp/wh $REPO/.sgwheels/all.sha
   t=$(date +%s); python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --target /tmp/site /tmp/wh/w/*.whl 2>&1 | tail -3
-  python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('/tmp/wh/flash_ops.xz'), open('/tmp/site/sgl_kernel/flash_ops.abi3.so', 'wb'), 1 << 24)"
+  put_back_flash_ops /tmp/wh /tmp/site
   echo "install_s=$(( $(date +%s)-t ))"
   cd /tmp/qrepo
   python3 - <<'EOP' 2>&1 | grep -v "Warning\|warn(" | tail -8

@@ -141,15 +141,14 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
         base = ("" if r["baseline_value"] is None
                 else f", its defaults {r['baseline_value']:.4g}")
         rel = "best" if r["vs_best"] == 1.0 else f"{r['vs_best']:.2f}x the best"
-        if r.get("separated") is False:
-            failed = r["bracket"][1]
-            rel += (f", not separated from it: failed only at {failed:.4g}, above the "
-                    f"best's {top:.4g}" if failed is not None
-                    else ", not separated from it: held every load tried")
         value = f"{r['value']:.4g}"
         if "bracket" in r:
-            value += (f" [{r['bracket'][0]:.4g}, {r['bracket'][1]:.4g})"
-                      if r["bracket"][1] is not None else f" [{r['bracket'][0]:.4g}, -)")
+            held, failed = r["bracket"]
+            value += f" [{held:.4g}, {'-' if failed is None else f'{failed:.4g}'})"
+            if r.get("separated") is False:
+                rel += (f", not separated from it: failed only at {failed:.4g}, above the "
+                        f"best's {top:.4g}" if failed is not None
+                        else ", not separated from it: held every load tried")
         out.append(f"{r['engine']}: trial {r['trial']} {value} ({r['basis']}; "
                    f"{rel}){base}")
     return out
