@@ -7,9 +7,8 @@ One measurement = warm-up + measured load (``qtune.load``) → summary
 - ``repeat``: N measurements (interleaved across endpoints when comparing),
   reported as medians with bootstrap 95% intervals, and for two endpoints
   the ratio of medians with its interval;
-- ``find_capacity``: the highest request rate (or concurrency) at which the
-  SLO holds, by doubling to a bracket then bisecting, stopping a step early
-  when the server clearly saturates; the result is re-measured.
+- ``--find-capacity``: the highest request rate (or concurrency) at which
+  the SLO holds (``qtune.capacity``).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from qtune.engines import any_engine_cache_reset_paths, any_engine_metric_names
 from qtune.errors import InputError, mask_url, printable
@@ -248,8 +247,9 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
     if tokenizer_warning:
         out["tokenizer_warning"] = tokenizer_warning
     if cfg.find_capacity:
-        out["capacity"] = find_capacity(cfg.urls[0], models[0], cfg, progress)
-        out["capacity"].pop("at_value_summary", None)
+        from qtune.capacity import find_capacity
+
+        out["capacity"] = find_capacity(cfg.urls[0], models[0], cfg, progress).to_dict()
         return out
     runs: list[list[dict[str, Any]]] = [[] for _ in cfg.urls]
     for rep in range(cfg.repeat):
@@ -298,36 +298,6 @@ HELD_GROWTH_MIN_REQUESTS = 2.0
 # engine shows here first when the batch is full.
 TTFT_GROWTH_MAX = 2.0
 TTFT_GROWTH_MIN_MS = 100.0
-# A probe's arrival window lasts at least this many service times (the E2E
-# median of the first probe): long enough for a 10% overload's backlog to
-# add a third to what the server holds.
-WINDOW_SERVICE_TIMES = 10
-
-
-def judge_load(s: dict[str, Any], slos: list[SLO],
-           offered: float | None) -> tuple[bool, str, str]:
-    """Held or not, why, and the kind of verdict: ``ok``, ``hard`` (failed
-    requests, a pile-up, an SLO broken), or ``soft`` (only a keeping-up
-    signal, or a contaminated phase): a soft failure is the one a transient
-    or the noise of one run can give, so it is measured again before it
-    decides anything."""
-    if s.get("contaminated"):
-        return False, f"not used: {s['contaminated']}", "soft"
-    if s["completed"] == 0:
-        return False, "no request completed", "hard"
-    if s["failed"]:
-        return False, f"{s['failed']} failed requests", "hard"
-    if s.get("saturated"):
-        return False, "saturated (requests piled up)", "hard"
-    for slo in slos:
-        v = metric_value(s, slo.metric)
-        if slo.violation(v) > 0:
-            return False, f"{slo.metric}={v:.1f} breaks {slo}", "hard"
-    behind = falls_behind(s, offered)
-    if behind is not None:
-        return False, behind, "soft"
-    return True, "SLO met, kept up", "ok"
-
 
 def falls_behind(s: dict[str, Any], offered: float | None) -> str | None:
     """Why the server did not keep up with ``offered`` req/s over the run
@@ -353,162 +323,3 @@ def falls_behind(s: dict[str, Any], offered: float | None) -> str | None:
             tt * (tg - 1) >= TTFT_GROWTH_MIN_MS:
         return f"TTFT trending up: {tg:.1f}x from the middle to the last third"
     return None
-
-
-def _step(x: float, s: dict[str, Any], ok: bool, why: str) -> dict[str, Any]:
-    """One capacity probe as the result lists it."""
-    k = s.get("keeps_up") or {}
-    return {"load": x, "ok": ok, "why": why, "requests": s["completed"] + s["failed"],
-            "window_s": k.get("window_s"), "served_share": k.get("served_share"),
-            "held_growth": k.get("held_growth"),
-            "prefix_cache_hit_rate": (s.get("server") or {}).get("prefix_cache_hit_rate"),
-            **{key: s[key] for key in ("length_mismatch", "prompt_length",
-                                       "usage_distrusted") if s.get(key) is not None},
-            **{m: metric_value(s, m) for m in KEY_METRICS}}
-
-
-# Each capacity probe draws its prompts from a seed of its own: a probe that
-# re-sent an earlier probe's prompts would find them in the prefix cache.
-_PROBE_SEED_STRIDE = 104_729
-
-
-class _Window(TypedDict):
-    s: float  # each rate probe's arrival window
-    service_s: float | None  # the first probe's E2E median, once measured
-
-
-def find_capacity(
-    url: str, model: str, cfg: BenchConfig, progress: Progress | None = None
-) -> dict[str, Any]:
-    """The highest load that holds the SLO *and* that the server keeps up
-    with, re-measured over a window twice as long with fresh prompts.
-
-    Rate mode: each probe's arrival window is at least ``cfg.capacity_window``
-    seconds and 10 service times (the E2E median of the first probe), never
-    fewer requests than the workload's own count.  Concurrency mode is a
-    closed loop (no backlog can build): the workload's count is used."""
-    slos = [s for s in cfg.slo if s.metric != "throughput"]
-    if not slos:
-        raise InputError("--find-capacity needs a latency SLO",
-                         hint="e.g. --slo 'ttft_p99<=500ms,tpot_p99<=50ms'")
-    wl = cfg.workload
-    by_rate = wl.concurrency is None
-    steps: list[dict[str, Any]] = []
-    summaries: list[dict[str, Any]] = []  # each step's whole measurement
-    window: _Window = {"s": cfg.capacity_window, "service_s": None}
-
-    def requests_for(x: float, scale: float = 1.0) -> int | None:
-        if not by_rate:
-            return wl.requests
-        n = math.ceil(x * window["s"] * scale)
-        return max(n, wl.requests or 0)
-
-    def probe_at(x: float, scale: float = 1.0, again: bool = False) -> bool:
-        n = requests_for(x, scale)
-        seed = wl.seed + _PROBE_SEED_STRIDE * (len(steps) + 1)
-        w = (dataclasses.replace(wl, rate=x, requests=n, duration=None, seed=seed)
-             if by_rate else dataclasses.replace(wl, concurrency=int(x), seed=seed))
-        if progress:
-            progress(f"capacity: trying {'rate' if by_rate else 'concurrency'} {x:g}"
-                     + (f" ({n} requests)" if by_rate else ""))
-        # A backlog of many seconds of arrivals cannot recover within the run.
-        cap = max(32, int(x * 10)) if by_rate else None
-        s = measure(url, model, w, cfg, max_inflight=cap, progress=progress)
-        ok, why, kind = judge_load(s, slos, x if by_rate else None)
-        if kind == "soft" and not again:
-            # Near the knee the system is bistable and the first run after a
-            # start is slow: on one H200 the defaults' very first probe read
-            # "queue growing" (32.5 -> 43.3) at a load they then served.  A
-            # soft failure is measured again, with fresh prompts, and decides
-            # only if it repeats.
-            steps.append(_step(x, s, False, why + "; measured again"))
-            summaries.append(s)
-            return probe_at(x, scale, again=True)
-        steps.append(_step(x, s, ok, why))
-        summaries.append(s)
-        if by_rate and window["service_s"] is None:
-            e2e = metric_value(s, "e2e_p50")
-            if e2e is not None:
-                # The first probe sets how long every later one runs.
-                window["service_s"] = e2e / 1000
-                window["s"] = max(cfg.capacity_window,
-                                  WINDOW_SERVICE_TIMES * e2e / 1000)
-        return ok
-
-    x = wl.rate if by_rate else float(wl.concurrency or 1)
-    assert x is not None
-    lo: float | None = None
-    hi: float | None = None
-    # Bracket: double up while the SLO holds, halve down while it does not.
-    for _ in range(12):
-        if probe_at(x):
-            lo = x
-            if hi is not None:
-                break
-            x = x * 2
-        else:
-            hi = x
-            if lo is not None:
-                break
-            x = x / 2 if by_rate else max(1.0, math.floor(x / 2))
-            if (by_rate and x < 0.01) or (not by_rate and hi == 1):
-                break
-    unit = "req/s" if by_rate else "concurrency"
-    basis = {"window_s": window["s"] if by_rate else None,
-             "service_s": window["service_s"], "remeasure_window_s":
-             2 * window["s"] if by_rate else None}
-    if lo is None:
-        return {"found": False, "unit": unit, "reason": f"SLO not met even at {hi:g}",
-                "steps": steps, **basis}
-    if hi is None:
-        return {"found": True, "value": lo, "unit": unit, "bracket": [lo, None],
-                "note": "SLO still met at the highest load tried", "steps": steps,
-                "decided": f"held at every load tried, up to {lo:g} {unit}", **basis}
-    def bisect(lo: float, hi: float) -> tuple[float, float]:
-        """Narrow [lo, hi) (lo held, hi did not) to the tolerance."""
-        for _ in range(cfg.capacity_steps):
-            if by_rate and (hi - lo) / lo <= cfg.capacity_tolerance:
-                break
-            if not by_rate and hi - lo <= 1:
-                break
-            mid = (lo + hi) / 2 if by_rate else float(math.floor((lo + hi) / 2))
-            if probe_at(mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo, hi
-
-    lo, hi = bisect(lo, hi)
-    # Re-measure the answer over twice the window, with fresh prompts: a load
-    # that only passed once by luck is no capacity.  When it fails, it is the
-    # new upper end: fall back to the next lower load that passed earlier (a
-    # 5% step is smaller than a short run's noise near the knee, so it can
-    # fail three times in a row), else a fifth lower (or one stream), and
-    # bisect that bracket again.  Without the bisection a lucky first probe
-    # cost the resolution: on one H200, SGLang's defaults passed 30 req/s
-    # once, failed its re-measure, and the answer fell back to the last pass
-    # below, 20, with a bracket [20, 30) five times the tolerance.
-    last: dict[str, Any] = {}
-    for _ in range(5):
-        if probe_at(lo, scale=2.0):
-            last = steps[-1]
-            break
-        hi = lo
-        passed = [st["load"] for st in steps if st["ok"] and st["load"] < lo]
-        lo = max(passed) if passed else (lo * 0.8 if by_rate else max(1.0, lo - 1))
-        lo, hi = bisect(lo, hi)
-    failed_at = [st for st in steps if not st["ok"] and st["load"] == hi]
-    if not last:
-        return {"found": False, "unit": unit, "bracket": [None, hi], "steps": steps,
-                "reason": f"no load held the SLO when re-measured (last tried {hi:g})",
-                **basis}
-    why_not = failed_at[-1]["why"] if failed_at else "did not hold"
-    decided = (f"{lo:g} {unit} held over a re-measure of {last['requests']} requests"
-               + (f" ({last['window_s']:.0f} s of arrivals, fresh prompts)"
-                  if last.get("window_s") else " (fresh prompts)")
-               + f"; {hi:g} did not ({why_not})")
-    # The re-measure's whole summary, for a caller that reports the run at
-    # the capacity (the search's trial); not part of the printed result.
-    return {"found": True, "unit": unit, "value": lo, "bracket": [lo, hi],
-            "at_value": last, "steps": steps, "decided": decided, **basis,
-            "at_value_summary": summaries[steps.index(last)]}

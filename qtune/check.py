@@ -31,11 +31,11 @@ from typing import Any
 from qtune.bench import (
     BenchConfig,
     check_url,
-    judge_load,
     measure,
     prompt_tokenizer,
     served_model,
 )
+from qtune.capacity import judge_load
 from qtune.engines import ENGINES
 from qtune.errors import InputError, mask_url
 from qtune.launch import RunningConfig

@@ -305,10 +305,16 @@ def search(
     memory_check: Annotated[bool, typer.Option(
         help="Skip configs predicted not to fit in memory (recorded, not launched).")
     ] = True,
-    confirm_top: Annotated[int, typer.Option(
-        min=0, help="After the budget, re-measure this many best configs (0: off).")] = 3,
-    confirm_repeats: Annotated[int, typer.Option(
-        min=1, help="Fresh starts per confirmed config, interleaved.")] = 2,
+    confirm_top: Annotated[int | None, typer.Option(
+        min=0, help="After the search, re-measure this many best configs and the engine "
+        "defaults on fresh starts (0: off; default 3, or with --time-budget as many "
+        "as fit in 30% of it).")] = None,
+    confirm_repeats: Annotated[int | None, typer.Option(
+        min=1, help="Fresh starts per confirmed config, interleaved (default 2, or "
+        "with --time-budget as many as fit).")] = None,
+    capacity_tolerance: Annotated[float, typer.Option(
+        help="--objective capacity: narrow each capacity's bracket [held, failed) to "
+        "this fraction of it.")] = 0.1,
     pick: Annotated[int | None, typer.Option(
         help="Write the profile of this trial (e.g. a point of the Pareto front) "
         "instead of the best; with --study, of a finished study.")] = None,
@@ -364,8 +370,11 @@ def search(
                      startup_timeout=startup_timeout,
                      seed=wl.seed if sampler_seed is None else sampler_seed, sampler=sampler,
                      time_budget=time_budget * 60 if time_budget else None,
-                     memory_check=memory_check, confirm_top=confirm_top,
-                     confirm_repeats=confirm_repeats, pick=pick, exact=exact,
+                     memory_check=memory_check,
+                     confirm_top=3 if confirm_top is None else confirm_top,
+                     confirm_repeats=2 if confirm_repeats is None else confirm_repeats,
+                     confirm_fixed=confirm_top is not None or confirm_repeats is not None,
+                     capacity_tolerance=capacity_tolerance, pick=pick, exact=exact,
                      levels=parse_levels(levels), prune_margin=prune_margin,
                      force=force, max_quality_loss=max_quality_loss, gpus=gpus,
                      finish=finish, allow_mixed_hosts=allow_mixed_hosts,
@@ -419,6 +428,9 @@ def bench(
     capacity_window: Annotated[float, typer.Option(
         min=1.0, max=3600.0, help="Shortest arrival window of a capacity probe, in "
         "seconds (each also runs at least 10 service times).")] = 20.0,
+    capacity_tolerance: Annotated[float, typer.Option(
+        min=0.01, max=1.0, help="Narrow the capacity's bracket [held, failed) to this "
+        "fraction of it.")] = 0.1,
     no_metrics: Annotated[bool, typer.Option(
         "--no-server-metrics", help="Do not read the server's /metrics.")] = False,
     reset_prefix_cache: Annotated[bool, typer.Option(
@@ -457,6 +469,7 @@ def bench(
     cfg = BenchConfig(urls=url, workload=wl, model=model, tokenizer=tokenizer,
                       slo=parse_slo(slo), repeat=repeat, find_capacity=find_capacity,
                       scrape_metrics=not no_metrics, capacity_window=capacity_window,
+                      capacity_tolerance=capacity_tolerance,
                       gauge_interval=default_gauge_interval() if gauge_interval is None
                       else gauge_interval or None, reset_cache=reset_prefix_cache)
     with console.Status() as status:

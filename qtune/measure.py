@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from qtune.bench import BenchConfig, find_capacity, measure
+from qtune.bench import BenchConfig, measure
+from qtune.capacity import CapacityPlan, CapacityResult, find_capacity
 from qtune.engines.base import Failure
 from qtune.errors import ServerError
 from qtune.launch import LaunchSpec
@@ -79,6 +80,10 @@ class Measurement:
     finished: str | None = None
     measure_s: float | None = None
     startup_s: float | None = None  # the server's start (measure_server only)
+    # The capacity search behind ``capacity`` (its probes' whole summaries).
+    capacity_result: CapacityResult | None = field(default=None, repr=False)
+    # The start's phases read from the engine's log (measure_server only).
+    start_phases: Any = None
 
     @classmethod
     def from_summary(cls, s: dict[str, Any]) -> Measurement:
@@ -109,26 +114,29 @@ class Measurement:
 
 def measure_load(spec: LaunchSpec, bench: BenchConfig, wl: Workload | None = None, *,
                  progress: Callable[[str], None] | None = None, watch: Any = None,
-                 capacity: bool = False) -> Measurement:
+                 capacity: CapacityPlan | None = None) -> Measurement:
     """Measure the ready server of ``spec``: warm-up and the measured load of
     ``wl`` (default: ``bench.workload``), with ``watch`` (a pruner) looking on;
-    with ``capacity``, a capacity search on this one server instead."""
+    with a ``capacity`` plan, a capacity search on this one server instead."""
     wl = bench.workload if wl is None else wl
     started = dt.datetime.now()
     m0 = time.monotonic()
-    if capacity:
-        cap = find_capacity(spec.base_url, spec.served_model, bench, progress)
-        # The summary is the re-measured run at the capacity (fresh prompts,
-        # twice the probe window); with no capacity, a run at the study's
-        # load with prompts no probe sent.
-        summary = cap.pop("at_value_summary", None) or measure(
+    cap: CapacityResult | None = None
+    if capacity is not None:
+        cap = find_capacity(spec.base_url, spec.served_model, bench, progress, capacity)
+        # The summary is the run that decided: the re-measure at the capacity
+        # (fresh prompts, twice the probe window), or the one probe of a
+        # config below the floor; with no capacity at all, a run at the
+        # study's load with prompts no probe sent.
+        summary = dict(cap.summary_at_value() or measure(
             spec.base_url, spec.served_model,
-            dataclasses.replace(wl, seed=wl.seed + 1), bench, progress=progress)
-        summary["capacity"] = cap
+            dataclasses.replace(wl, seed=wl.seed + 1), bench, progress=progress))
+        summary["capacity"] = cap.to_dict()
     else:
         summary = measure(spec.base_url, spec.served_model, wl, bench,
                           progress=progress, watch=watch)
     out = Measurement.from_summary(summary)
+    out.capacity_result = cap
     out.measure_s = time.monotonic() - m0
     out.started, out.finished = started.isoformat(), dt.datetime.now().isoformat()
     return out
@@ -171,7 +179,7 @@ def measure_server(
     classify: Callable[[str], Failure],
     progress: Callable[[str], None] | None = None,
     watch: Any = None,
-    capacity: bool = False,
+    capacity: CapacityPlan | None = None,
     on_tick: Callable[[float], None] | None = None,
     on_ready: Callable[[float], None] | None = None,
     before: Callable[[], None] | None = None,

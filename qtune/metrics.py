@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -161,6 +162,68 @@ def percentile_exceeds_for_sure(
     above = sum(1 for v in done if v > threshold) + sum(
         1 for v in inflight_lower if v > threshold)
     return above >= total - k
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A latency percentile a run must stay within: ``metric`` (ttft, e2e or
+    tpot) at percentile ``pct`` no more than ``limit_ms``; ``why`` names what
+    it guards (an SLO, or the best so far)."""
+
+    metric: str
+    pct: float
+    limit_ms: float
+    why: str
+
+
+def slo_bounds(slos: Iterable[Any]) -> list[Bound]:
+    """The per-request latency percentiles among ``slos`` that a run can be
+    known to break before it ends (``certain_failure``): ttft, e2e and tpot
+    percentiles (an ITL percentile is not bounded while a request runs)."""
+    out = []
+    for slo in slos:
+        b, _, p = slo.metric.rpartition("_")
+        if slo.op == "<=" and p.startswith("p") and b in ("ttft", "e2e", "tpot"):
+            out.append(Bound(b, float(p[1:]), slo.limit, f"breaks SLO {slo}"))
+    return out
+
+
+Watcher = Callable[[list[RequestSample], list[RequestSample], float], "str | None"]
+
+
+def certain_failure(bounds: list[Bound], planned: int) -> Watcher:
+    """A watcher (``qtune.load.run_load``'s ``watch``) that stops a run as
+    soon as its verdict is certain: a request failed, or enough of the
+    ``planned`` requests already exceed a bound's limit (finished ones, and
+    in-flight ones by their elapsed time) that the percentile breaks it
+    whatever the rest measure (``percentile_exceeds_for_sure``, exact).  It
+    never stops a run that could still pass.  The search's pruner and the
+    capacity probes share it."""
+
+    def watch(done: list[RequestSample], inflight: list[RequestSample],
+              now: float) -> str | None:
+        bad = next((s for s in done if not s.ok), None)
+        if bad is not None:
+            return f"a request failed ({bad.error})"
+        if planned < 1:
+            return None
+        for b in bounds:
+            if b.metric == "ttft":
+                vals = [s.ttft for s in done if s.ttft is not None]
+                lower = [s.ttft if s.ttft is not None else now - s.start for s in inflight]
+            elif b.metric == "e2e":
+                vals = [s.e2e for s in done if s.e2e is not None]
+                lower = [now - s.start for s in inflight]
+            else:  # tpot: known only once a request ends
+                vals = [t for s in done if (t := s.tpot) is not None]
+                lower = []
+            if percentile_exceeds_for_sure(vals, lower, planned, b.pct, b.limit_ms / 1000.0):
+                over = sum(1 for v in [*vals, *lower] if v > b.limit_ms / 1000.0)
+                return (f"{b.why}: {over} of {planned} requests already took longer than "
+                        f"{b.limit_ms:.1f} ms, enough to fix its p{b.pct:g}")
+        return None
+
+    return watch
 
 
 def in_flight_at_sends(samples: list[RequestSample]) -> list[tuple[float, int]]:

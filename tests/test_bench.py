@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from qtune.bench import BenchConfig, find_capacity, run_bench
+from qtune.bench import BenchConfig, run_bench
 from qtune.load.workload import Workload
 from qtune.objectives import parse_slo
 from tests.fakes.queue import queue_server
@@ -98,29 +98,6 @@ def test_repeats_and_comparison(server):
     assert ratio["ci95"][0] <= ratio["ratio"] <= ratio["ci95"][1]
 
 
-def test_find_capacity_brackets_the_queue_limit(server):
-    cfg = BenchConfig(urls=[server], workload=Workload(
-        input_len=8, output_len=2, rate=10, requests=60, warmup_requests=0,
-        arrival="constant"), slo=parse_slo("e2e_p99<=100ms"), capacity_window=1.0)
-    cap = find_capacity(server, "queue-model", cfg)
-    assert cap["found"], cap
-    # Above 100 req/s the queue grows without bound; far below, latency is
-    # one service time.  The answer must lie between.
-    assert 15 <= cap["value"] <= 110, cap
-    lo, hi = cap["bracket"]
-    assert lo == cap["value"] and (hi is None or hi > lo)
-    assert cap["at_value"]["ok"]  # re-measured at the answer
-    assert any(not s["ok"] for s in cap["steps"])  # the bracket was closed
-
-
-def test_capacity_needs_a_latency_slo(server):
-    from qtune.errors import InputError
-
-    with pytest.raises(InputError):
-        find_capacity(server, "m", BenchConfig(urls=[server], workload=Workload(
-            rate=1, requests=2)))
-
-
 def test_cli_bench_json(server, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-m", "qtune", "bench", "--url", server,
@@ -137,60 +114,6 @@ def test_cli_bench_json(server, tmp_path):
                          capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert bad.stderr.startswith("error: ")
-
-
-def _scripted_capacity(monkeypatch, holds) -> dict:
-    """find_capacity with each run's outcome scripted: ``holds(rate, n)`` says
-    whether the n-th run at ``rate`` meets the SLO."""
-    import qtune.bench as bench
-
-    seen: dict[float, int] = {}
-
-    def fake_measure(url, model, w, cfg, **kw):
-        seen[w.rate] = seen.get(w.rate, 0) + 1
-        return {"holds": holds(w.rate, seen[w.rate]), "completed": w.requests, "failed": 0}
-
-    monkeypatch.setattr(bench, "measure", fake_measure)
-    monkeypatch.setattr(bench, "judge_load", lambda s, slos, offered: (
-        (True, "scripted", "ok") if s["holds"] is True else
-        (False, "scripted", "soft" if s["holds"] == "soft" else "hard")))
-    monkeypatch.setattr(bench, "metric_value", lambda s, m: 0.0)
-    cfg = BenchConfig(urls=["u"], workload=Workload(rate=4, requests=10),
-                      slo=parse_slo("ttft_p99<=400ms"))
-    return find_capacity("u", "m", cfg)
-
-
-def test_capacity_falls_back_to_a_load_that_passed_before(monkeypatch):
-    """Near the knee a short run passes or fails by luck: loads in (64, 76]
-    pass once and then fail.  The re-measure must fall back to a load that
-    passed before (64) rather than creep down 5% at a time into more luck, and
-    report only a load it measured as holding."""
-    cap = _scripted_capacity(monkeypatch, lambda rate, n: rate <= 64 or (rate <= 76 and n == 1))
-    assert cap["found"], cap
-    assert cap["value"] == 64 and cap["at_value"] == {**cap["steps"][-1]}
-    assert cap["at_value"]["ok"] and cap["at_value"]["load"] == 64
-    assert cap["bracket"][1] > 64
-
-
-def test_a_failed_re_measure_is_bisected_again_not_left_wide(monkeypatch):
-    """One H200, SGLang's defaults: 30 req/s passed its first short probe,
-    failed the re-measure, and the answer fell back to the last pass below,
-    20, bracket [20, 30).  Here loads up to 28 hold and (28, 34] pass once by
-    luck; the bracket after the fallback ([16, 32)) is bisected again."""
-    cap = _scripted_capacity(monkeypatch, lambda rate, n: rate <= 28 or (rate <= 34 and n == 1))
-    assert cap["found"], cap
-    assert cap["value"] == 28 and cap["at_value"]["ok"] and cap["at_value"]["load"] == 28
-    lo, hi = cap["bracket"]
-    assert (hi - lo) / lo <= 0.1, cap["bracket"]
-    # every reported capacity was held on a re-measure twice as long
-    assert cap["at_value"]["requests"] == 2 * max(
-        st["requests"] for st in cap["steps"] if st["load"] == 28 and st is not cap["at_value"])
-
-
-def test_capacity_not_found_when_no_load_holds_on_re_measure(monkeypatch):
-    # Every load below 50 passes once only.
-    cap = _scripted_capacity(monkeypatch, lambda rate, n: n == 1 and rate < 50)
-    assert not cap["found"] and "value" not in cap and "re-measured" in cap["reason"]
 
 
 # --- failures, usage and prompt lengths (issue 13 items 6 and 7) -----------
@@ -335,44 +258,3 @@ def test_bench_duration_alone_runs_past_the_old_default_count(server):
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["completed"] > 100 and d["duration_s"] >= 1.4
-
-
-def test_a_soft_failure_is_measured_again_before_it_decides(monkeypatch):
-    """The first probe after a start, or one near the knee, can read "queue
-    growing" by transient or noise (one H200: the defaults' first probe at 16
-    req/s).  Such a failure is re-run with fresh prompts; only a repeat
-    counts.  A hard failure (an SLO broken) decides at once."""
-    cap = _scripted_capacity(monkeypatch, lambda rate, n: (
-        "soft" if rate == 4 and n == 1 else rate <= 16))
-    assert cap["found"] and cap["value"] >= 16, cap
-    first, second = cap["steps"][0], cap["steps"][1]
-    assert first["load"] == second["load"] == 4
-    assert not first["ok"] and first["why"].endswith("measured again") and second["ok"]
-    # A soft failure that repeats does decide.
-    cap = _scripted_capacity(monkeypatch, lambda rate, n: "soft" if rate > 8 else True)
-    assert cap["found"] and cap["value"] <= 8, cap
-
-
-def test_capacity_probes_never_reuse_prompts(monkeypatch):
-    """Before: every probe used the workload's seed, so from the second one
-    on every prompt was in the prefix cache (H200: hit rate 0.984, capacity
-    read 1.5x too high)."""
-    import qtune.bench as bench
-
-    seeds = []
-
-    def fake_measure(url, model, w, cfg, **kw):
-        seeds.append(w.seed)
-        return {"holds": w.rate <= 10, "completed": w.requests, "failed": 0}
-
-    monkeypatch.setattr(bench, "measure", fake_measure)
-    monkeypatch.setattr(bench, "judge_load", lambda s, slos, offered: (
-        s["holds"], "scripted", "ok" if s["holds"] else "hard"))
-    monkeypatch.setattr(bench, "metric_value", lambda s, m: 100.0)
-    cfg = BenchConfig(urls=["u"], workload=Workload(rate=4, requests=10, seed=3),
-                      slo=parse_slo("ttft_p99<=400ms"))
-    cap = find_capacity("u", "m", cfg)
-    assert cap["found"] and len(seeds) >= 4
-    assert len(set(seeds)) == len(seeds)  # a new prompt set for every probe
-    # The re-measure runs twice the window of the probes.
-    assert cap["at_value"]["requests"] >= 2 * 4 * cfg.capacity_window * 0.9

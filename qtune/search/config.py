@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qtune.capacity import DEFAULT_TOLERANCE
 from qtune.engines.base import Param
 from qtune.errors import InputError, StudyError, printable
 from qtune.load.workload import Workload
@@ -200,6 +201,9 @@ class TuneConfig:
     memory_check: bool = True  # skip configs predicted not to fit
     confirm_top: int = 3  # re-measure this many best configs after the budget
     confirm_repeats: int = 2  # fresh starts each (plus the trial itself)
+    # The two above were given (not defaults): with --time-budget they are
+    # kept and the search stops earlier; else qtune sizes them to the budget.
+    confirm_fixed: bool = False
     time_budget: float | None = None  # seconds for the whole study
     pick: int | None = None  # write this trial's profile instead of the best
     exact: bool = False  # no lossy options (fp8 KV / weights) in the space
@@ -219,6 +223,9 @@ class TuneConfig:
     finish: bool = False  # --finish: only the confirmation and the profile
     allow_mixed_hosts: bool = False  # trials from other GPUs / engine versions
     heartbeat_s: int = 60  # seconds between a running trial's heartbeats
+    # --objective capacity: the bracket is narrowed until (failed - held) /
+    # held is at most this (qtune.capacity)
+    capacity_tolerance: float = DEFAULT_TOLERANCE
     # auto: after the main search, try the engine's speculative decoding on
     # the best config (real weights only); off: never (qtune.search.speculative)
     speculative: str = "auto"
@@ -274,6 +281,9 @@ def check_config(cfg: TuneConfig) -> None:
     if cfg.pick is not None and cfg.pick < 0:
         raise InputError(f"--pick {cfg.pick}: trial numbers start at 0",
                          hint="qtune report STUDY lists the trials")
+    if not (math.isfinite(cfg.capacity_tolerance) and 0.01 <= cfg.capacity_tolerance <= 1):
+        raise InputError(f"--capacity-tolerance {cfg.capacity_tolerance}: not between 0.01 "
+                         "and 1", hint="a fraction of the capacity, e.g. 0.1 for 10%")
     if cfg.speculative not in ("auto", "off"):
         raise InputError(f"--speculative {cfg.speculative}: not a choice",
                          hint="auto (try it on the best config, real weights only) or off")

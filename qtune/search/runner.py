@@ -17,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from qtune.engines.base import LoadView
 from qtune.errors import StudyError, mask_url
 from qtune.search import fleet
+from qtune.search.budget import ConfirmationPlan, costs, over_budget, plan_confirmation
 from qtune.search.choice import design_point, qualified, suggest
 from qtune.search.config import TuneConfig
 from qtune.search.inputs import Prepared, prepare
@@ -304,15 +305,16 @@ def _has_baseline(prep: Prepared, study: optuna.Study, engine: str | None = None
 
 
 def _over_budget(prep: Prepared, study: optuna.Study, started: float) -> str | None:
-    """Start a trial only if a typical one still fits in the budget."""
-    cfg = prep.cfg
-    if cfg.time_budget is None:
-        return None
-    typical = _typical_trial_s(study)
-    if time.monotonic() - started + typical <= cfg.time_budget:
-        return None
-    return (f"time budget: {cfg.time_budget / 60:.0f} min, a trial "
-            f"takes ~{typical / 60:.1f} min")
+    """Start a trial only if a typical one, and the confirmation planned
+    after the search, still fit in the budget (``qtune.search.budget``)."""
+    return over_budget(prep.cfg, study, started, _confirmation_plan(prep, study))
+
+
+def _confirmation_plan(prep: Prepared, study: optuna.Study) -> ConfirmationPlan:
+    feasible = sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                   if TrialRecord.from_frozen(t).feasible
+                   and t.user_attrs.get(Attr.STATUS) == TrialStatus.OK)
+    return plan_confirmation(prep.cfg, study, prep.direction, feasible)
 
 
 def _run_seeds(prep: Prepared, study: optuna.Study, reporter: Reporter,
@@ -433,21 +435,21 @@ def _give_back(study: optuna.Study, trial: optuna.Trial) -> None:
 
 def _confirmation(prep: Prepared, study: optuna.Study, reporter: Reporter,
                   started: float) -> None:
-    """Re-measure the top configs (``confirm_top``) when asked and when it
-    fits the time budget; a Pareto front is not confirmed."""
+    """Re-measure the top configs (``confirm_top``) as planned from the
+    first trial on (``qtune.search.budget``): the search stopped early
+    enough for it, so it is never skipped for time; a Pareto front is not
+    confirmed."""
     cfg = prep.cfg
     if prep.direction == "pareto" and cfg.confirm_top > 0 and cfg.pick is None:
         reporter.note("no top-K confirmation for a Pareto front: re-measure the point "
                       "you pick with qtune verify")
-    elif cfg.confirm_top > 0 and cfg.confirm_repeats > 0 and cfg.pick is None:
-        # + 1: the engine defaults are re-measured with the top K.
-        need = min(cfg.confirm_top + 1, launched_count(study)) * cfg.confirm_repeats * \
-            _typical_trial_s(study)
-        if cfg.time_budget is not None and time.monotonic() - started + need > cfg.time_budget:
-            reporter.note("confirmation of the top configs skipped: it does not fit "
-                          "the time budget")
-        else:
-            confirm_top(prep, study, reporter)
+        return
+    plan = _confirmation_plan(prep, study)
+    if plan.top <= 0:
+        return
+    if plan.why:
+        reporter.note(f"confirmation {plan.why}")
+    confirm_top(prep, study, reporter, plan.top, plan.repeats)
 
 
 def _speculative(prep: Prepared, study: optuna.Study, reporter: Reporter,
@@ -464,7 +466,7 @@ def _speculative(prep: Prepared, study: optuna.Study, reporter: Reporter,
         _run_unsampled(sub, study, reporter, params, {**attrs, **_engine_attr(prep, sub)},
                        note=note)
 
-    speculative_phase(sub, study, reporter, launch, left, _typical_trial_s(study))
+    speculative_phase(sub, study, reporter, launch, left, costs(study).trial_s)
 
 
 def _run_unsampled(prep: Prepared, study: optuna.Study, reporter: Reporter,
@@ -695,18 +697,8 @@ def _seed_anchor(prep: Prepared, study: optuna.Study) -> tuple[dict[str, Any], s
     return {k: v for k, v in point.items() if k in tuned}, why
 
 
-def _typical_trial_s(study: optuna.Study) -> float:
-    """Median wall time of launched trials, the cold first start excluded
-    when there are others (it is not what the next trial costs)."""
-    done = [t.user_attrs[Attr.TOTAL_S] for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get(Attr.TOTAL_S)]
-    if len(done) > 1:
-        done = done[1:]
-    done.sort()
-    return done[len(done) // 2] if done else 0.0
-
-
-def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None:
+def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
+                k: int | None = None, repeats: int | None = None) -> None:
     """Re-measure the top K feasible configs with fresh starts, interleaved
     (ABC, BCA, CAB, ...), and keep the medians and bootstrap intervals in the
     study: one lucky measurement must not pick the winner.  The engine
@@ -715,12 +707,14 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
     nothing beats them again.  The medians are of the fresh runs only (the
     search's run is kept in ``values``, not counted)."""
     cfg = prep.cfg
+    k = cfg.confirm_top if k is None else k
+    repeats = cfg.confirm_repeats if repeats is None else repeats
     recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
     # (a speculative candidate is compared with its base in its own phase)
     feas = [r for r in recs if r.feasible and r.value is not None
             and r.status == TrialStatus.OK and r.spec_of is None]
     sign = -1 if prep.direction == "maximize" else 1
-    top = sorted(feas, key=lambda r: sign * r.value)[: cfg.confirm_top]  # type: ignore[operator]
+    top = sorted(feas, key=lambda r: sign * r.value)[:k]  # type: ignore[operator]
     # (On a CPU study a 2-run winner at 1.7x re-measured at 0.77x in verify:
     # a config can be lucky twice; the defaults' own spread is the yardstick.)
     if prep.engines:
@@ -734,9 +728,17 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
     if len(top) < 2:
         return  # nothing to choose between
     previous = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
-    values, failures = remeasure(prep, top, cfg.confirm_repeats, reporter,
-                                 phase="confirming", log_name="confirm", seed_offset=1)
+    verdicts: dict[int, list[str]] = {r.number: [] for r in top}
+
+    def seen(r: TrialRecord, summary: dict[str, Any]) -> None:
+        cap = summary.get("capacity") or {}
+        if cap:  # a capacity run: held or not, and why
+            verdicts[r.number].append(cap.get("decided") or cap.get("reason") or "")
+
+    values, failures = remeasure(prep, top, repeats, reporter, phase="confirming",
+                                 log_name="confirm", seed_offset=1, on_run=seen)
     result = {}
+    by_number = {r.number: r for r in top}
     for n, vals in values.items():
         first = study.trials[n].value
         assert first is not None  # top holds only trials with a value
@@ -745,6 +747,12 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None
         result[str(n)] = {"values": [first, *vals], "fresh": fresh, "median": med,
                           "failures": failures[n],
                           "ci95": [lo, hi] if lo is not None else None}
+        cap = (by_number[n].summary or {}).get("capacity") or {}
+        if cap.get("bracket"):
+            # A capacity is confirmed by holding it again on fresh starts; its
+            # interval is the bracket it was found in: [held, failed).
+            result[str(n)]["bracket"] = cap["bracket"]
+            result[str(n)]["runs"] = verdicts[n]
     study.set_user_attr(StudyAttr.CONFIRMATION, {**previous, **result})
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from qtune.capacity import CapacityPlan, CapacityResult
 from qtune.errors import ServerError
 from qtune.measure import Measurement, ServerDied, interleaved, measure_load, measure_server
 from qtune.metrics import metric_value
@@ -86,11 +87,11 @@ def _run_trial_inner(
     log_path = prep.study_dir / f"trial-{n:03d}.log"
     rec = TrialRecord(n, params, TrialStatus.OK, baseline=baseline, log=str(log_path))
     best = best_trial(study)
-    capacity = cfg.objective == "capacity"
     # A speculative candidate runs in full: its acceptance rate is what it
     # is for, and it is judged against its base in the phase's A/B.
     candidate = trial.user_attrs.get(Attr.SPEC_OF) is not None
-    watch = None if baseline or capacity or candidate else make_pruner(
+    plan = capacity_plan(prep, best, baseline or candidate)
+    watch = None if baseline or plan or candidate else make_pruner(
         cfg, best.value if best and prep.direction != "pareto" else None)
 
     def ready(startup_s: float) -> None:
@@ -111,14 +112,15 @@ def _run_trial_inner(
             reporter.trial_phase(n, "measuring", cfg.workload.mode)
 
         def after(m: Measurement, spec: Any = spec) -> None:
-            if not m.stopped_early or m.stopped_early == "saturated":  # not pruned
+            below = m.capacity_result is not None and m.capacity_result.below is not None
+            if not below and (not m.stopped_early or m.stopped_early == "saturated"):
                 quality[:] = [_quality(prep, study, trial, spec, params, reporter)]
 
         try:
             m = measure_server(
                 spec, log_path, bench_config(prep, spec, cfg.workload),
                 startup_timeout=cfg.startup_timeout, classify=prep.engine.classify,
-                progress=progress, watch=watch, capacity=capacity,
+                progress=progress, watch=watch, capacity=plan,
                 on_tick=lambda s: reporter.trial_phase(n, "starting", f"{s:.0f} s"),
                 on_ready=ready, before=before, after=after,
                 # A server that died under load is a failed config, not a
@@ -147,6 +149,9 @@ def _run_trial_inner(
     summary = m.to_dict()
     rec.summary = summary
     rec.total_s = time.monotonic() - t0
+    if m.capacity_result is not None and m.capacity_result.below is not None:
+        _tell_below(prep, study, trial, rec, m.capacity_result, reporter)
+        return []
     if cfg.levels:
         rec.load_level = _level_of(cfg.workload)
         trial.set_user_attr(Attr.LOAD_LEVEL, rec.load_level)
@@ -187,6 +192,56 @@ def _run_trial_inner(
     rec.feasible = feasible(study.get_trials(deepcopy=False)[n])
     reporter.trial_done(rec, best_trial(study))
     return lower
+
+
+def capacity_plan(prep: Prepared, best: TrialRecord | None,
+                  no_floor: bool) -> CapacityPlan | None:
+    """How a capacity trial searches (None: not a capacity study).  After the
+    engine defaults, each config is probed first at the best capacity so far,
+    over the incumbent's window: one that does not hold there cannot win and
+    costs one probe (issue 27).  The engine defaults (of each engine, across
+    engines) and a speculative candidate search from the study's load."""
+    cfg = prep.cfg
+    if cfg.objective != "capacity":
+        return None
+    wl = cfg.workload
+    start = float(wl.rate if wl.rate is not None else (wl.concurrency or 1))
+    cap = ((best.summary or {}).get("capacity") or {}) if best is not None else {}
+    if no_floor or best is None or not cap.get("found") or best.value is None:
+        return CapacityPlan(start=start, tolerance=cfg.capacity_tolerance)
+    return CapacityPlan(start=start, floor=float(best.value), window_s=cap.get("window_s"),
+                        tolerance=cfg.capacity_tolerance, floor_of=f"trial {best.number}")
+
+
+def confirm_plan(cfg: TuneConfig, r: TrialRecord) -> CapacityPlan | None:
+    """A capacity config's confirmation run: one sustained probe at the
+    capacity it was found to hold, over twice its probe window, on a fresh
+    start (not a new search); None for other objectives."""
+    cap = (r.summary or {}).get("capacity") or {}
+    if cfg.objective != "capacity" or not cap.get("found") or r.value is None:
+        return None
+    return CapacityPlan(start=float(r.value), floor=float(r.value),
+                        window_s=cap.get("window_s"), confirm=True,
+                        floor_of=f"trial {r.number}")
+
+
+def _tell_below(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
+                rec: TrialRecord, cap: CapacityResult, reporter: Reporter) -> None:
+    """A capacity trial that did not hold the incumbent's capacity: it cannot
+    win, and its one probe is what it taught.  Pruned (TPE ranks it below
+    every measured config), with the goodput it kept at that load as its
+    intermediate value, so TPE can still tell a near miss from a far one."""
+    summary = rec.summary or {}
+    good = metric_value(summary, "goodput")
+    if good is not None and math.isfinite(good):
+        trial.report(good, step=1)
+    rec.status, rec.reason = TrialStatus.PRUNED, "below_incumbent"
+    rec.detail = cap.reason
+    trial.set_user_attr(Attr.PARTIAL_SUMMARY, summary)
+    rec.summary = None
+    write_record(trial, rec)
+    study.tell(trial, state=TrialState.PRUNED)
+    reporter.trial_done(rec, best_trial(study))
 
 
 def _constraints(cfg: TuneConfig, summary: dict[str, Any],
@@ -253,12 +308,16 @@ def remeasure(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: 
         try:
             m = measure_server(spec, log, bench_config(sub, spec, wl),
                                startup_timeout=cfg.startup_timeout,
-                               classify=sub.engine.classify)
+                               classify=sub.engine.classify, capacity=confirm_plan(cfg, r))
         except ServerError:
             failures[r.number] += 1  # does not restart reliably
             continue
         summary = m.to_dict()
-        v = get_objective(cfg.objective).value(summary)
+        if m.capacity_result is not None:
+            # A capacity is confirmed when it holds again: its value, or none.
+            v = r.value if m.capacity_result.found else None
+        else:
+            v = get_objective(cfg.objective).value(summary)
         if v is not None and m.failed == 0:
             values[r.number].append(v)
         else:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from qtune.bench import falls_behind, judge_load
+from qtune.bench import falls_behind
+from qtune.capacity import judge_load
 from qtune.measure import replace_measure_server
 from qtune.metrics import OVERLOAD_MEANS
 from qtune.profile import Profile

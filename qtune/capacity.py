@@ -1,0 +1,492 @@
+"""Capacity: the highest load a server holds under the SLO, found with as
+few probes as the answer needs.
+
+A *probe* runs the workload at one load (a request rate, or a number of
+streams in a closed loop) over a sustained window, with prompts no earlier
+probe sent, and is judged (``judge_load``): held when the SLO is met, no
+request failed and the server kept up.  A probe stops as soon as its verdict
+is certain to be "failed" (``qtune.metrics.certain_failure``: a failed
+request, or enough requests already past an SLO limit that the percentile
+breaks it whatever follows), never early as "held".
+
+The search (``find_capacity``) keeps its state in a ``Bracket``: the highest
+load held and the lowest that failed above it.  The fast procedure, the
+default:
+
+1. with a *floor* (the best capacity so far in a study, the incumbent), the
+   first probe runs at the floor, over the incumbent's window.  A config that
+   does not hold there cannot win: the search stops after that one probe
+   (``CapacityResult.below``).  One that holds is searched upward from it;
+2. without a floor, from the start load: double while held, halve (or, after
+   a clear overload, step to just under the rate the server did serve) while
+   not;
+3. bisect until the bracket is within the tolerance (10% by default);
+4. re-measure only the answer, over twice the window with fresh prompts; a
+   failed re-measure falls back to the next lower load that held and
+   bisects again.  A *soft* failure (only a keeping-up signal) is measured
+   again before it decides anything.
+
+The *full* procedure is the one before issue 27 (double from the start load,
+no floor, no early stop), kept to measure the fast one against
+(``benchmarks/capacity_fast_vs_full.py``).
+
+``confirm_capacity`` is the confirmation's probe: one sustained probe at a
+capacity found earlier, on a fresh start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from qtune.bench import KEY_METRICS, BenchConfig, falls_behind, measure
+from qtune.errors import InputError
+from qtune.metrics import certain_failure, metric_value, slo_bounds
+from qtune.objectives import SLO
+
+Progress = Callable[[str], None]
+
+# A probe's arrival window lasts at least this many service times (the E2E
+# median of the first probe): long enough for a 10% overload's backlog to
+# add a third to what the server holds.
+WINDOW_SERVICE_TIMES = 10
+# The bracket is narrowed until (failed - held) / held is at most this.
+DEFAULT_TOLERANCE = 0.1
+# After a config held the incumbent's capacity, the next probe is this much
+# higher: a config that beats the incumbent usually does so by less than half
+# (H200, interactive SLO: 28 against 22 req/s), and a probe far above the
+# knee stops early, so overshooting costs little.
+GROWTH_AFTER_FLOOR = 1.5
+# A probe that served less than this share of its offered rate was clearly
+# over the server's throughput: the next one goes just under what it served.
+CLEAR_OVERLOAD = 0.8
+UNDER_SERVED = 0.9
+# Each probe draws its prompts from a seed of its own: a probe that re-sent an
+# earlier probe's prompts would find them in the prefix cache.
+PROBE_SEED_STRIDE = 104_729
+FAST, FULL = "fast", "full"
+
+
+def judge_load(s: dict[str, Any], slos: list[SLO],
+               offered: float | None) -> tuple[bool, str, str]:
+    """Held or not, why, and the kind of verdict: ``ok``, ``hard`` (failed
+    requests, a pile-up, an SLO broken, a probe stopped once its failure was
+    certain), or ``soft`` (only a keeping-up signal, or a contaminated
+    phase): a soft failure is the one a transient or the noise of one run can
+    give, so it is measured again before it decides anything."""
+    stopped = s.get("stopped_early")
+    if stopped and stopped != "saturated":
+        return False, f"stopped early, failure certain: {stopped}", "hard"
+    if s.get("contaminated"):
+        return False, f"not used: {s['contaminated']}", "soft"
+    if s["completed"] == 0:
+        return False, "no request completed", "hard"
+    if s["failed"]:
+        return False, f"{s['failed']} failed requests", "hard"
+    if s.get("saturated"):
+        return False, "saturated (requests piled up)", "hard"
+    for slo in slos:
+        v = metric_value(s, slo.metric)
+        if slo.violation(v) > 0:
+            return False, f"{slo.metric}={v:.1f} breaks {slo}", "hard"
+    behind = falls_behind(s, offered)
+    if behind is not None:
+        return False, behind, "soft"
+    return True, "SLO met, kept up", "ok"
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """How one capacity search runs.
+
+    ``start``: the first load without a floor (the workload's rate or stream
+    count).  ``floor``: the incumbent's capacity, probed first over
+    ``window_s`` (its window), so that a config that cannot beat it costs one
+    probe.  ``confirm``: probe ``floor`` once over twice the window and stop
+    (the confirmation of a capacity found earlier, on a fresh start)."""
+
+    start: float
+    floor: float | None = None
+    window_s: float | None = None
+    tolerance: float = DEFAULT_TOLERANCE
+    procedure: str = FAST
+    confirm: bool = False
+    # The study's name for the floor, for the result's words ("trial 3").
+    floor_of: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.procedure not in (FAST, FULL):
+            raise ValueError(f"unknown capacity procedure {self.procedure!r}")
+        if self.confirm and self.floor is None:
+            raise ValueError("a confirmation probes a capacity found before: give floor")
+
+
+@dataclass
+class Probe:
+    """One probe: the load, its verdict and what it measured."""
+
+    load: float
+    held: bool
+    why: str
+    kind: str  # ok | hard | soft
+    requests: int
+    elapsed_s: float  # wall time of the probe: warm-up, window and drain
+    summary: dict[str, Any] = field(repr=False)
+    remeasure: bool = False  # the answer's re-measure, over twice the window
+    aborted: bool = False  # stopped once its failure was certain
+    saved_s: float = 0.0  # arrival time it did not need to spend, when aborted
+
+    def to_dict(self) -> dict[str, Any]:
+        """The probe as a capacity result lists it (its ``steps``)."""
+        s = self.summary
+        k = s.get("keeps_up") or {}
+        out: dict[str, Any] = {
+            "load": self.load, "ok": self.held, "why": self.why,
+            "requests": s["completed"] + s["failed"], "planned": self.requests,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "window_s": k.get("window_s"), "served_share": k.get("served_share"),
+            "held_growth": k.get("held_growth"),
+            "prefix_cache_hit_rate": (s.get("server") or {}).get("prefix_cache_hit_rate"),
+        }
+        if self.remeasure:
+            out["remeasure"] = True
+        if self.aborted:
+            out["aborted"] = True
+            out["saved_s"] = round(self.saved_s, 3)
+        out.update({key: s[key] for key in ("length_mismatch", "prompt_length",
+                                            "usage_distrusted") if s.get(key) is not None})
+        out.update({m: metric_value(s, m) for m in KEY_METRICS})
+        return out
+
+
+@dataclass
+class Bracket:
+    """The state of a capacity search (vLLM's ``SLAHistory`` plays this part
+    in ``vllm bench sweep serve_sla``): every probe in order, the highest load
+    held (``lo``) and the lowest load that failed above it (``hi``).  Near the
+    knee one short run passes or fails by luck, so the ends are set by the
+    search's steps, not recomputed from every probe."""
+
+    probes: list[Probe] = field(default_factory=list)
+    lo: float | None = None
+    hi: float | None = None
+
+    def width(self) -> float | None:
+        """(hi - lo) / lo, once both ends are known."""
+        if self.lo is None or self.hi is None or self.lo <= 0:
+            return None
+        return (self.hi - self.lo) / self.lo
+
+    def held_below(self, load: float) -> float | None:
+        """The highest load below ``load`` that held a probe."""
+        passed = [p.load for p in self.probes if p.held and p.load < load]
+        return max(passed) if passed else None
+
+    def failed_at(self, load: float) -> Probe | None:
+        """The last probe at ``load`` that failed."""
+        return next((p for p in reversed(self.probes) if not p.held and p.load == load), None)
+
+
+@dataclass
+class CapacityResult:
+    """What a capacity search found.  ``found``: a load held on the
+    re-measure (``value``, with ``bracket`` [held, failed)); ``below``: the
+    search stopped after its first probe, at the floor, which did not hold."""
+
+    found: bool
+    unit: str
+    procedure: str
+    tolerance: float
+    probes: list[Probe]
+    value: float | None = None
+    bracket: tuple[float | None, float | None] | None = None
+    at_value: Probe | None = None
+    decided: str | None = None
+    reason: str | None = None  # why nothing was found
+    note: str | None = None
+    below: float | None = None  # the floor it did not hold
+    floor: float | None = None
+    window_s: float | None = None  # each probe's arrival window (rate mode)
+    service_s: float | None = None  # the first probe's E2E median
+
+    @property
+    def saved_s(self) -> float:
+        """Arrival time the probes stopped early did not spend."""
+        return sum(p.saved_s for p in self.probes)
+
+    @property
+    def probes_s(self) -> float:
+        return sum(p.elapsed_s for p in self.probes)
+
+    def summary_at_value(self) -> dict[str, Any] | None:
+        """The whole summary of the run that decided: the re-measure at the
+        capacity, or the floor's probe of a config below it."""
+        if self.at_value is not None:
+            return self.at_value.summary
+        if self.below is not None and self.probes:
+            return self.probes[-1].summary
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """As stored in a trial's summary and printed by ``--json``."""
+        out: dict[str, Any] = {"found": self.found, "unit": self.unit,
+                               "procedure": self.procedure, "tolerance": self.tolerance}
+        if self.value is not None:
+            out["value"] = self.value
+        if self.bracket is not None:
+            out["bracket"] = list(self.bracket)
+        if self.at_value is not None:
+            out["at_value"] = self.at_value.to_dict()
+        for key in ("decided", "reason", "note", "below", "floor"):
+            if (v := getattr(self, key)) is not None:
+                out[key] = v
+        out["steps"] = [p.to_dict() for p in self.probes]
+        out["probes"] = len(self.probes)
+        out["probes_s"] = round(self.probes_s, 3)
+        out["saved_s"] = round(self.saved_s, 3)
+        out["window_s"] = self.window_s
+        out["service_s"] = self.service_s
+        out["remeasure_window_s"] = 2 * self.window_s if self.window_s else None
+        return out
+
+
+MeasureFn = Callable[..., dict[str, Any]]
+
+
+class _Search:
+    """One capacity search on one server: the probes and the bracket."""
+
+    def __init__(self, url: str, model: str, cfg: BenchConfig, plan: CapacityPlan,
+                 progress: Progress | None, measure_fn: MeasureFn) -> None:
+        self.url, self.model, self.cfg, self.plan = url, model, cfg, plan
+        self.progress, self.measure = progress, measure_fn
+        self.slos = [s for s in cfg.slo if s.metric != "throughput"]
+        wl = cfg.workload
+        self.by_rate = wl.concurrency is None
+        self.unit = "req/s" if self.by_rate else "concurrency"
+        self.window = plan.window_s or cfg.capacity_window
+        self.window_known = plan.window_s is not None
+        self.service_s: float | None = None
+        self.b = Bracket()
+        self.fast = plan.procedure == FAST
+
+    # -- one probe --------------------------------------------------------
+
+    def requests_for(self, x: float, scale: float) -> int | None:
+        wl = self.cfg.workload
+        if not self.by_rate:
+            return wl.requests
+        return max(math.ceil(x * self.window * scale), wl.requests or 0)
+
+    def probe(self, x: float, scale: float = 1.0, again: bool = False) -> bool:
+        wl = self.cfg.workload
+        n = self.requests_for(x, scale)
+        seed = wl.seed + PROBE_SEED_STRIDE * (len(self.b.probes) + 1)
+        w = (dataclasses.replace(wl, rate=x, requests=n, duration=None, seed=seed)
+             if self.by_rate else dataclasses.replace(wl, concurrency=int(x), seed=seed))
+        if self.progress:
+            self.progress(f"capacity: trying {'rate' if self.by_rate else 'concurrency'} "
+                          f"{x:g}" + (f" ({n} requests)" if self.by_rate else ""))
+        # A backlog of many seconds of arrivals cannot recover within the run.
+        cap = max(32, int(x * 10)) if self.by_rate else None
+        watch = certain_failure(slo_bounds(self.slos), n or 0) if self.fast else None
+        t0 = time.monotonic()
+        s = self.measure(self.url, self.model, w, self.cfg, max_inflight=cap,
+                         progress=self.progress, watch=watch)
+        elapsed = time.monotonic() - t0
+        ok, why, kind = judge_load(s, self.slos, x if self.by_rate else None)
+        done = s["completed"] + s["failed"]
+        aborted = bool(s.get("stopped_early")) and s.get("stopped_early") != "saturated"
+        saved = 0.0
+        if aborted and n:
+            # The arrivals it did not send: at a rate, their share of the
+            # window; in a closed loop, at the pace it ran.
+            unsent = max(n - done, 0)
+            saved = unsent / x if self.by_rate else unsent * elapsed / max(done, 1)
+        p = Probe(x, ok, why, kind, n or done, elapsed, s, remeasure=scale > 1,
+                  aborted=aborted, saved_s=saved)
+        if kind == "soft" and not again:
+            # Near the knee the system is bistable and the first run after a
+            # start is slow: on one H200 the defaults' very first probe read
+            # "queue growing" (32.5 -> 43.3) at a load they then served.  A
+            # soft failure is measured again, with fresh prompts, and decides
+            # only if it repeats.
+            p.why += "; measured again"
+            self.b.probes.append(p)
+            return self.probe(x, scale, again=True)
+        self.b.probes.append(p)
+        if self.by_rate and self.service_s is None:
+            e2e = metric_value(s, "e2e_p50")
+            if e2e is not None and not aborted:
+                self.service_s = e2e / 1000
+                if not self.window_known:
+                    # The first probe sets how long every later one runs.
+                    self.window = max(self.cfg.capacity_window,
+                                      WINDOW_SERVICE_TIMES * e2e / 1000)
+                    self.window_known = True
+        return ok
+
+    # -- the procedure ----------------------------------------------------
+
+    def up(self, x: float, factor: float) -> float:
+        return x * factor if self.by_rate else float(max(x + 1, math.ceil(x * factor)))
+
+    def down(self, x: float) -> float:
+        """The next load after a failure with nothing held yet: just under the
+        rate the probe served when it was clearly over the server's
+        throughput, else half."""
+        if not self.by_rate:
+            return max(1.0, math.floor(x / 2))
+        last = self.b.probes[-1].summary
+        served = last.get("request_throughput") or 0.0
+        if self.fast and 0 < served < CLEAR_OVERLOAD * x and \
+                not last.get("stopped_early"):
+            return max(x / 4, UNDER_SERVED * served)
+        return x / 2
+
+    def narrow_enough(self, lo: float, hi: float) -> bool:
+        if self.by_rate:
+            return (hi - lo) / lo <= self.plan.tolerance
+        return hi - lo <= 1
+
+    def mid(self, lo: float, hi: float) -> float:
+        return (lo + hi) / 2 if self.by_rate else float(math.floor((lo + hi) / 2))
+
+    def bisect(self, lo: float, hi: float) -> tuple[float, float]:
+        """Narrow [lo, hi) (lo held, hi did not) to the tolerance."""
+        for _ in range(self.cfg.capacity_steps):
+            if self.narrow_enough(lo, hi):
+                break
+            m = self.mid(lo, hi)
+            if self.probe(m):
+                lo = m
+            else:
+                hi = m
+        return lo, hi
+
+    def result(self, **kw: Any) -> CapacityResult:
+        return CapacityResult(unit=self.unit, procedure=self.plan.procedure,
+                              tolerance=self.plan.tolerance, probes=self.b.probes,
+                              floor=self.plan.floor,
+                              window_s=self.window if self.by_rate else None,
+                              service_s=self.service_s, **kw)
+
+    def run(self) -> CapacityResult:
+        plan = self.plan
+        if plan.confirm:
+            return self.confirm()
+        floor = plan.floor if self.fast else None
+        lo: float | None = None
+        hi: float | None = None
+        if floor is not None:
+            if not self.probe(floor):
+                last = self.b.probes[-1]
+                of = f" ({plan.floor_of})" if plan.floor_of else ""
+                return self.result(
+                    found=False, below=floor,
+                    reason=f"did not hold {floor:g} {self.unit}, the best so far{of}: "
+                    f"{last.why}; it cannot win, so one probe decided")
+            lo = floor
+            x = self.up(floor, GROWTH_AFTER_FLOOR)
+        else:
+            x = plan.start if self.by_rate else float(max(1, int(plan.start)))
+        # Bracket: up while the SLO holds, down while it does not.
+        for _ in range(12):
+            if self.probe(x):
+                lo = x
+                if hi is not None:
+                    break
+                x = self.up(x, 2.0)
+            else:
+                hi = x
+                if lo is not None:
+                    break
+                x = self.down(x)
+                if (self.by_rate and x < 0.01) or (not self.by_rate and hi == 1):
+                    break
+        if lo is None:
+            return self.result(found=False, reason=f"SLO not met even at {hi:g}")
+        if hi is None:
+            return self.result(found=True, value=lo, bracket=(lo, None),
+                               note="SLO still met at the highest load tried",
+                               decided=f"held at every load tried, up to {lo:g} {self.unit}")
+        lo, hi = self.bisect(lo, hi)
+        return self.remeasure(lo, hi)
+
+    def remeasure(self, lo: float, hi: float) -> CapacityResult:
+        """Re-measure the answer over twice the window, with fresh prompts: a
+        load that only passed once by luck is no capacity.  When it fails, it
+        is the new upper end: fall back to the next lower load that passed
+        earlier (a 5% step is smaller than a short run's noise near the knee,
+        so it can fail three times in a row), else a fifth lower (or one
+        stream), and bisect that bracket again.  Without the bisection a lucky
+        first probe cost the resolution: on one H200, SGLang's defaults passed
+        30 req/s once, failed its re-measure, and the answer fell back to the
+        last pass below, 20, with a bracket [20, 30) five times the
+        tolerance."""
+        last: Probe | None = None
+        for _ in range(5):
+            if self.probe(lo, scale=2.0):
+                last = self.b.probes[-1]
+                break
+            hi = lo
+            below = self.b.held_below(lo)
+            lo = below if below is not None else (lo * 0.8 if self.by_rate
+                                                  else max(1.0, lo - 1))
+            lo, hi = self.bisect(lo, hi)
+        if last is None:
+            return self.result(found=False, bracket=(None, hi),
+                               reason="no load held the SLO when re-measured "
+                               f"(last tried {hi:g})")
+        failed = self.b.failed_at(hi)
+        why_not = failed.why if failed else "did not hold"
+        window = (f" ({last.summary['keeps_up']['window_s']:.0f} s of arrivals, fresh prompts)"
+                  if (last.summary.get("keeps_up") or {}).get("window_s")
+                  else " (fresh prompts)")
+        decided = (f"{lo:g} {self.unit} held over a re-measure of {last.requests} requests"
+                   f"{window}; {hi:g} did not ({why_not})")
+        return self.result(found=True, value=lo, bracket=(lo, hi), at_value=last,
+                           decided=decided)
+
+    def confirm(self) -> CapacityResult:
+        """One sustained probe at a capacity found before (twice the window,
+        fresh prompts): held or not, nothing searched."""
+        x = self.plan.floor
+        assert x is not None  # CapacityPlan checks it
+        held = self.probe(x, scale=2.0)
+        last = self.b.probes[-1]
+        if held:
+            return self.result(found=True, value=x, at_value=last,
+                               decided=f"{x:g} {self.unit} held on a fresh start "
+                               f"({last.requests} requests)")
+        return self.result(found=False, below=x,
+                           reason=f"{x:g} {self.unit} did not hold on a fresh start: "
+                           f"{last.why}")
+
+
+def find_capacity(url: str, model: str, cfg: BenchConfig,
+                  progress: Progress | None = None, plan: CapacityPlan | None = None,
+                  *, measure_fn: MeasureFn = measure) -> CapacityResult:
+    """The highest load that holds the SLO *and* that the server keeps up
+    with, re-measured over a window twice as long with fresh prompts (see the
+    module's docstring for the procedure).
+
+    Rate mode: each probe's arrival window is at least ``cfg.capacity_window``
+    seconds and 10 service times (the E2E median of the first probe), never
+    fewer requests than the workload's own count; with a floor, the window
+    given in the plan (the incumbent's).  Concurrency mode is a closed loop
+    (no backlog can build): the workload's count is used."""
+    slos = [s for s in cfg.slo if s.metric != "throughput"]
+    if not slos:
+        raise InputError("--find-capacity needs a latency SLO",
+                         hint="e.g. --slo 'ttft_p99<=500ms,tpot_p99<=50ms'")
+    wl = cfg.workload
+    if plan is None:
+        start = wl.rate if wl.concurrency is None else float(wl.concurrency or 1)
+        assert start is not None  # a workload has a rate or a concurrency
+        plan = CapacityPlan(start=start, tolerance=cfg.capacity_tolerance)
+    return _Search(url, model, cfg, plan, progress, measure_fn).run()

@@ -1,0 +1,135 @@
+"""The time budget (``--time-budget``): what a trial and the confirmation
+cost on this host, as the study measured them, and when the search must
+stop launching new configs so that the confirmation still fits.
+
+The confirmation is part of the plan from the first measured trial on: its
+cost (fresh starts of the top configs and the engine defaults, each measured
+once) is reserved, and the search stops launching early enough to pay it.
+Without flags that fix its size, it is sized to the budget: the top configs
+and the repeats shrink (to the best config and the defaults, one fresh start
+each) until it fits in ``CONFIRM_SHARE`` of the budget.  Issue 27: on one
+H200 a 22-minute capacity study spent the whole budget on 3 launches and
+ended "confirmation skipped".
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import optuna
+
+from qtune.search.config import TuneConfig
+from qtune.search.records import Attr, TrialStatus
+
+# The share of the budget the confirmation may take when qtune sizes it:
+# enough for the best config and the defaults on one fresh start each with
+# trials of about three minutes in a 20-minute budget, while leaving most of
+# the budget to the search.
+CONFIRM_SHARE = 0.3
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What the study measured so far: the median start, the median
+    measurement a confirmation run repeats, and a typical trial's wall
+    time."""
+
+    start_s: float
+    run_s: float
+    trial_s: float
+
+    @property
+    def confirm_run_s(self) -> float:
+        """One confirmation run: a fresh start and one measurement."""
+        return self.start_s + self.run_s
+
+
+@dataclass(frozen=True)
+class ConfirmationPlan:
+    """How many of the best configs are re-measured and how often (the
+    engine defaults are re-measured with them), and what that costs."""
+
+    top: int
+    repeats: int
+    seconds: float
+    why: str = ""
+
+    @property
+    def runs(self) -> int:
+        return (self.top + 1) * self.repeats if self.top > 0 else 0
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def costs(study: optuna.Study) -> Costs:
+    """The study's measured costs.  The first launch is left out of the
+    typical trial when there are others: it paid the cold start (compile
+    caches) that later ones do not."""
+    trials = study.get_trials(deepcopy=False)
+    totals = [a[Attr.TOTAL_S] for t in trials if (a := t.user_attrs).get(Attr.TOTAL_S)]
+    starts = [a[Attr.STARTUP_S] for t in trials if (a := t.user_attrs).get(Attr.STARTUP_S)]
+    runs = []
+    for t in trials:
+        a = t.user_attrs
+        if a.get(Attr.STATUS) != TrialStatus.OK or Attr.SERVER_OF in a:
+            continue
+        cap = (a.get(Attr.SUMMARY) or {}).get("capacity") or {}
+        at = cap.get("at_value") or {}
+        if at.get("elapsed_s"):
+            runs.append(float(at["elapsed_s"]))  # a capacity's re-measure probe
+        elif not cap and a.get(Attr.MEASURE_S):
+            runs.append(float(a[Attr.MEASURE_S]))
+    typical = totals[1:] if len(totals) > 1 else totals
+    return Costs(start_s=_median(starts[1:] if len(starts) > 1 else starts),
+                 run_s=_median(runs), trial_s=_median(typical))
+
+
+def plan_confirmation(cfg: TuneConfig, study: optuna.Study, direction: str,
+                      candidates: int) -> ConfirmationPlan:
+    """The confirmation this study will run: its flags', or with a time
+    budget and no flags that fix it, the largest that fits in
+    ``CONFIRM_SHARE`` of the budget (at least the best config and the
+    defaults, once each).  ``candidates``: feasible configs so far."""
+    if cfg.confirm_top <= 0 or cfg.confirm_repeats <= 0 or cfg.pick is not None \
+            or direction == "pareto":
+        return ConfirmationPlan(0, 0, 0.0, "off")
+    c = costs(study)
+    top = max(1, min(cfg.confirm_top, candidates))
+
+    def plan(k: int, r: int, why: str = "") -> ConfirmationPlan:
+        return ConfirmationPlan(k, r, (k + 1) * r * c.confirm_run_s, why)
+
+    if cfg.time_budget is None or cfg.confirm_fixed:
+        return plan(top, cfg.confirm_repeats)
+    share = CONFIRM_SHARE * cfg.time_budget
+    for k, r in ((top, cfg.confirm_repeats), (1, cfg.confirm_repeats), (1, 1)):
+        p = plan(min(k, top), r)
+        if p.seconds <= share or (k, r) == (1, 1):
+            if (p.top, p.repeats) != (top, cfg.confirm_repeats):
+                return plan(p.top, p.repeats,
+                            f"sized to the time budget: the best {p.top} and the engine "
+                            f"defaults, {p.repeats} fresh start{'s' if p.repeats > 1 else ''}"
+                            f" each (~{p.seconds / 60:.1f} min)")
+            return p
+    raise AssertionError("unreachable: the last plan is always taken")
+
+
+def over_budget(cfg: TuneConfig, study: optuna.Study, started: float,
+                reserve: ConfirmationPlan) -> str | None:
+    """Why a new trial must not start (None: it may): a typical trial and
+    the confirmation's reserve no longer fit in the budget."""
+    if cfg.time_budget is None:
+        return None
+    c = costs(study)
+    left = cfg.time_budget - (time.monotonic() - started)
+    if c.trial_s + reserve.seconds <= left:
+        return None
+    why = (f"time budget: {cfg.time_budget / 60:.0f} min, a trial takes "
+           f"~{c.trial_s / 60:.1f} min")
+    if reserve.seconds:
+        why += f", and {reserve.seconds / 60:.1f} min are kept for the confirmation"
+    return why

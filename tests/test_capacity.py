@@ -1,0 +1,245 @@
+"""The capacity search (qtune.capacity): its procedure with each probe's
+outcome scripted, and against a stand-in server whose capacity is known
+(one engine with a queue, tests.fakes.queue: ~100 req/s)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from qtune.bench import BenchConfig
+from qtune.capacity import (
+    FULL,
+    CapacityPlan,
+    CapacityResult,
+    find_capacity,
+    judge_load,
+)
+from qtune.load.workload import Workload
+from qtune.objectives import parse_slo
+from tests.fakes.queue import queue_server
+
+SLO = parse_slo("ttft_p99<=400ms")
+
+
+def _summary(verdict: bool | str, w: Workload, stopped: str | None = None) -> dict[str, Any]:
+    """A probe's summary as qtune.bench.measure returns it, shaped so that
+    the real judge_load reads ``verdict``: True held, False a broken SLO,
+    "soft" only a keeping-up signal."""
+    n = w.requests or 10
+    ttft = 100.0 if verdict is not False else 1000.0
+    done = n if stopped is None else max(1, n // 5)
+    return {
+        "completed": done, "failed": 0, "saturated": False, "stopped_early": stopped,
+        "request_throughput": float(w.rate or 1.0) * (0.5 if verdict is False else 1.0),
+        "ttft_ms": {"p50": ttft / 2, "p90": ttft, "p99": ttft, "mean": ttft},
+        "tpot_ms": None, "itl_ms": None,
+        "e2e_ms": {"p50": 50.0, "p90": 60.0, "p99": 70.0, "mean": 50.0},
+        "output_token_throughput": 1.0,
+        "keeps_up": {"served_share": 0.5 if verdict == "soft" else 1.0, "window_s": 20.0,
+                     "held_growth": 1.0, "held_mid": 4.0, "held_last": 4.0,
+                     "ttft_growth": 1.0},
+    }
+
+
+class Scripted:
+    """``holds(rate, n)`` says whether the n-th probe at ``rate`` holds; the
+    probes it was asked for are kept (workload and watcher)."""
+
+    def __init__(self, holds: Any, abort_failures: bool = False) -> None:
+        self.holds, self.abort = holds, abort_failures
+        self.seen: dict[float, int] = {}
+        self.calls: list[tuple[Workload, Any]] = []
+
+    def __call__(self, url: str, model: str, w: Workload, cfg: Any, **kw: Any) -> dict:
+        self.seen[w.rate] = self.seen.get(w.rate, 0) + 1
+        self.calls.append((w, kw.get("watch")))
+        v = self.holds(w.rate, self.seen[w.rate])
+        stopped = "breaks SLO: certain" if (v is False and self.abort
+                                            and kw.get("watch") is not None) else None
+        return _summary(v, w, stopped)
+
+
+def run(holds: Any, plan: CapacityPlan | None = None, abort: bool = False,
+        rate: float = 4, requests: int = 10, seed: int = 0) -> tuple[CapacityResult, Scripted]:
+    fn = Scripted(holds, abort)
+    cfg = BenchConfig(urls=["u"], workload=Workload(rate=rate, requests=requests, seed=seed),
+                      slo=SLO)
+    return find_capacity("u", "m", cfg, plan=plan, measure_fn=fn), fn
+
+
+def test_capacity_falls_back_to_a_load_that_passed_before():
+    """Near the knee a short run passes or fails by luck: loads in (64, 76]
+    pass once and then fail.  The re-measure must fall back to a load that
+    passed before (64) rather than creep down 5% at a time into more luck, and
+    report only a load it measured as holding."""
+    cap, _ = run(lambda rate, n: rate <= 64 or (rate <= 76 and n == 1))
+    assert cap.found and cap.value == 64
+    assert cap.at_value is cap.probes[-1] and cap.at_value.held and cap.at_value.load == 64
+    assert cap.bracket is not None and cap.bracket[1] > 64
+
+
+def test_a_failed_re_measure_is_bisected_again_not_left_wide():
+    """One H200, SGLang's defaults: 30 req/s passed its first short probe,
+    failed the re-measure, and the answer fell back to the last pass below,
+    20, bracket [20, 30).  Here loads up to 28 hold and (28, 34] pass once by
+    luck; the bracket after the fallback is bisected again."""
+    cap, _ = run(lambda rate, n: rate <= 28 or (rate <= 34 and n == 1))
+    assert cap.found and cap.value == 28 and cap.at_value and cap.at_value.load == 28
+    lo, hi = cap.bracket
+    assert (hi - lo) / lo <= 0.1, cap.bracket
+    # every reported capacity was held on a re-measure twice as long
+    assert cap.at_value.remeasure and cap.at_value.requests == 2 * max(
+        p.requests for p in cap.probes if p.load == 28 and p is not cap.at_value)
+
+
+def test_capacity_not_found_when_no_load_holds_on_re_measure():
+    cap, _ = run(lambda rate, n: n == 1 and rate < 50)  # every load passes once only
+    assert not cap.found and cap.value is None and "re-measured" in cap.reason
+    assert "value" not in cap.to_dict()
+
+
+def test_capacity_probes_never_reuse_prompts():
+    """Before issue 13 every probe used the workload's seed, so from the
+    second one on every prompt was in the prefix cache (H200: hit rate
+    0.984, capacity read 1.5x too high)."""
+    cap, fn = run(lambda rate, n: rate <= 10, seed=3)
+    seeds = [w.seed for w, _ in fn.calls]
+    assert cap.found and len(seeds) >= 4 and len(set(seeds)) == len(seeds)
+    # The re-measure runs twice the window of the probes.
+    assert cap.at_value.requests >= 2 * 4 * 20 * 0.9
+
+
+def test_a_soft_failure_is_measured_again_before_it_decides():
+    """The first probe after a start, or one near the knee, can read "queue
+    growing" by transient or noise (one H200: the defaults' first probe at 16
+    req/s).  Such a failure is re-run with fresh prompts; only a repeat
+    counts.  A hard failure (an SLO broken) decides at once."""
+    cap, _ = run(lambda rate, n: "soft" if rate == 4 and n == 1 else rate <= 16)
+    assert cap.found and cap.value >= 16
+    first, second = cap.probes[0], cap.probes[1]
+    assert first.load == second.load == 4
+    assert not first.held and first.why.endswith("measured again") and second.held
+    cap, _ = run(lambda rate, n: "soft" if rate > 8 else True)  # a repeat decides
+    assert cap.found and cap.value <= 8
+
+
+# --- issue 27: a losing config costs one probe -------------------------------
+
+
+def test_a_config_below_the_incumbent_costs_one_probe():
+    """After the baseline, a config is probed first at the best capacity so
+    far; one that does not hold there cannot win (issue 27: on one H200 such
+    a config still took 10 probes, 7.4 minutes, to learn it was worse)."""
+    plan = CapacityPlan(start=4, floor=22, window_s=30.0, floor_of="trial 0")
+    cap, fn = run(lambda rate, n: rate <= 14, plan=plan)
+    assert not cap.found and cap.below == 22 and len(cap.probes) == 1
+    assert "trial 0" in cap.reason and "cannot win" in cap.reason
+    # the incumbent's window, not the workload's own: a comparable probe
+    w, _ = fn.calls[0]
+    assert w.rate == 22 and w.requests == 22 * 30
+    assert cap.summary_at_value() is cap.probes[0].summary
+
+
+def test_a_config_that_holds_the_incumbent_is_searched_upward_from_it():
+    plan = CapacityPlan(start=4, floor=20, window_s=20.0)
+    cap, fn = run(lambda rate, n: rate <= 27, plan=plan)
+    assert cap.found and 24 <= cap.value <= 27
+    loads = [w.rate for w, _ in fn.calls]
+    assert loads[0] == 20 and loads[1] == 30  # the floor, then 1.5x above it
+    assert min(loads) >= 20  # nothing below the floor is probed again
+    lo, hi = cap.bracket
+    assert (hi - lo) / lo <= 0.1
+
+
+def test_the_full_procedure_ignores_the_floor_and_never_stops_a_probe_early():
+    plan = CapacityPlan(start=4, floor=22, window_s=30.0, procedure=FULL)
+    cap, fn = run(lambda rate, n: rate <= 14, plan=plan, abort=True)
+    assert cap.found and cap.below is None and fn.calls[0][0].rate == 4
+    assert all(watch is None for _, watch in fn.calls)
+
+
+def test_fast_and_full_agree_on_a_knee():
+    """The fast procedure's answer lies within the full one's bracket, on a
+    server whose knee is sharp (the CPU and H200 side-by-side runs are in
+    benchmarks/capacity_fast_vs_full.py)."""
+    knee = 23.0
+    full, ffull = run(lambda rate, n: rate <= knee, plan=CapacityPlan(start=4, procedure=FULL))
+    fast, ffast = run(lambda rate, n: rate <= knee, abort=True)
+    lo, hi = full.bracket
+    assert lo <= fast.value < hi and fast.value <= knee < fast.bracket[1]
+    assert len(ffast.calls) <= len(ffull.calls)
+
+
+def test_a_probe_that_cannot_pass_is_stopped_and_the_time_it_saved_counted():
+    """A probe stops as soon as its failure is certain (never early as
+    passed); the arrivals it did not send are counted as saved."""
+    cap, fn = run(lambda rate, n: rate <= 10, abort=True)
+    aborted = [p for p in cap.probes if p.aborted]
+    assert aborted and all(not p.held for p in aborted)
+    assert all("failure certain" in p.why for p in aborted)
+    assert all(p.saved_s > 0 for p in aborted) and cap.saved_s == sum(p.saved_s for p in aborted)
+    assert all(watch is not None for _, watch in fn.calls)
+    d = cap.to_dict()
+    assert d["saved_s"] > 0 and any(st.get("aborted") for st in d["steps"])
+
+
+def test_judge_load_reads_a_stopped_probe_as_a_certain_failure():
+    s = _summary(True, Workload(rate=4, requests=10), stopped="breaks SLO ttft_p99<=400ms")
+    held, why, kind = judge_load(s, SLO, 4.0)
+    assert (held, kind) == (False, "hard") and "failure certain" in why
+    # the pile-up stop ("saturated") keeps its own verdict
+    s = {**_summary(True, Workload(rate=4, requests=10)), "stopped_early": "saturated",
+         "saturated": True}
+    assert judge_load(s, SLO, 4.0) == (False, "saturated (requests piled up)", "hard")
+
+
+def test_a_confirmation_is_one_sustained_probe_at_the_capacity():
+    plan = CapacityPlan(start=22, floor=22, window_s=20.0, confirm=True)
+    cap, fn = run(lambda rate, n: True, plan=plan)
+    assert cap.found and cap.value == 22 and len(fn.calls) == 1
+    assert fn.calls[0][0].requests == 2 * 22 * 20 and cap.at_value.remeasure
+    cap, _ = run(lambda rate, n: False, plan=plan)
+    assert not cap.found and cap.below == 22 and "fresh start" in cap.reason
+
+
+def test_a_plan_is_checked():
+    with pytest.raises(ValueError):
+        CapacityPlan(start=1, procedure="quick")
+    with pytest.raises(ValueError):
+        CapacityPlan(start=1, confirm=True)
+
+
+# --- against a server whose capacity is known --------------------------------
+
+
+@pytest.fixture(scope="module")
+def server():
+    with queue_server() as url:
+        yield url
+
+
+def test_find_capacity_brackets_the_queue_limit(server):
+    cfg = BenchConfig(urls=[server], workload=Workload(
+        input_len=8, output_len=2, rate=10, requests=60, warmup_requests=0,
+        arrival="constant"), slo=parse_slo("e2e_p99<=100ms"), capacity_window=1.0)
+    cap = find_capacity(server, "queue-model", cfg)
+    assert cap.found, cap.to_dict()
+    # Above 100 req/s the queue grows without bound; far below, latency is
+    # one service time.  The answer must lie between.
+    assert 15 <= cap.value <= 110, cap.to_dict()
+    lo, hi = cap.bracket
+    assert lo == cap.value and (hi is None or hi > lo)
+    assert cap.at_value.held  # re-measured at the answer
+    assert any(not p.held for p in cap.probes)  # the bracket was closed
+    # a probe far above the knee stopped once its failure was certain
+    assert any(p.aborted and p.saved_s > 0 for p in cap.probes)
+
+
+def test_capacity_needs_a_latency_slo(server):
+    from qtune.errors import InputError
+
+    with pytest.raises(InputError):
+        find_capacity(server, "m", BenchConfig(urls=[server], workload=Workload(
+            rate=1, requests=2)))
