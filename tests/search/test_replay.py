@@ -31,7 +31,7 @@ from qtune.search.replay import StandIn, Table, measured_grid, replay_search, st
 from tests.fakes.sampler import script_random_sampler
 
 ROOT = Path(__file__).parent.parent.parent
-TABLE = ROOT / "benchmarks" / "results" / "replay-table-20261202"
+TABLE = ROOT / "tests" / "fixtures" / "replay-table-20261202"
 SEEDS = range(12)
 # The default search as a user runs it (TPE, the top-3 confirmation counted
 # in the launches) against random sampling at 10 launches (the fewest that
