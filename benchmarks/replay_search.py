@@ -224,9 +224,13 @@ def summarise(table: Table, outs: list[Outcome], methods: list[str],
     return lines, data
 
 
-def svg(outs: list[Outcome], methods: list[str], budgets: list[int]) -> str:
-    """Median gap (line) and IQR (band) against the budget, per method."""
-    meds: dict[str, list[tuple[int, float, float, float]]] = {}
+Bands = dict[str, list[tuple[int, float, float, float]]]
+
+
+def gap_bands(outs: list[Outcome], methods: list[str], budgets: list[int]) -> Bands:
+    """Per method, (budget, q25, median, q75) of the pick's true gap in %, for
+    the budgets where it has one: what the report's plot draws."""
+    meds: Bands = {}
     for m in methods:
         for b in budgets:
             gaps = [o.gap for o in outs if o.method == m and o.budget == b
@@ -234,6 +238,11 @@ def svg(outs: list[Outcome], methods: list[str], budgets: list[int]) -> str:
             if gaps:
                 lo, med, hi = quartiles(gaps)
                 meds.setdefault(m, []).append((b, lo * 100, med * 100, hi * 100))
+    return meds
+
+
+def svg(meds: Bands, budgets: list[int]) -> str:
+    """Median gap (line) and IQR (band) against the budget, per method."""
     ys = [v for pts in meds.values() for p in pts for v in p[1:]] + [0.0]
     fx, *_ = _scale([float(b) for b in budgets], PAD + 8, W - 110)
     fy, lo_y, hi_y = _scale(ys, H - PAD - 8, 36)
@@ -258,6 +267,16 @@ def svg(outs: list[Outcome], methods: list[str], budgets: list[int]) -> str:
                f'<text x="{PAD + 4}" y="{H - PAD - 4}" font-size="11">{lo_y:.3g}%</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def page(table_name: str, meds: Bands, budgets: list[int], body: str) -> str:
+    """``report.html``: the plot over the summary's text.  Also rebuilt from a
+    committed ``summary.json`` and ``summary.md`` by ``rebuild_reports.py``."""
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>qtune replay</title>"
+            "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
+            "pre{white-space:pre-wrap}</style></head><body>"
+            f"<h1>qtune search replay: {html.escape(table_name)}</h1>"
+            f"{svg(meds, budgets)}<pre>{html.escape(body)}</pre></body></html>\n")
 
 
 def main() -> int:
@@ -315,11 +334,7 @@ def main() -> int:
     (out / "summary.json").write_text(json.dumps(data, indent=1) + "\n")
     body = "\n".join(head + lines)
     (out / "report.html").write_text(
-        "<!doctype html><html><head><meta charset='utf-8'><title>qtune replay</title>"
-        "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}"
-        "pre{white-space:pre-wrap}</style></head><body>"
-        f"<h1>qtune search replay: {html.escape(args.table.name)}</h1>"
-        f"{svg(outs, methods, budgets)}<pre>{html.escape(body)}</pre></body></html>\n")
+        page(args.table.name, gap_bands(outs, methods, budgets), budgets, body))
     shutil.rmtree(work, ignore_errors=True)
     print("\n".join(lines))
     print(f"\nwritten to {out}")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set up, lint (ruff), type-check (mypy --strict on qtune/), then run the
-# whole test suite: fast unit tests plus a few end-to-end tests that start a
-# real vLLM (791 tests: 37 minutes of tests on 2 cores, 41 with the setup, at 3775e1d).
+# Set up, lint (ruff), type-check (mypy --strict on qtune/), build the docs
+# (mkdocs --strict), then run the whole test suite: fast unit tests plus a few
+# end-to-end tests that start a real vLLM (791 tests: 37 minutes of tests on
+# 2 cores, 41 with the setup, at 3775e1d).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -30,4 +31,15 @@ fi
 .venv/bin/python -m mypy || {
   echo "error: scripts/test.sh: mypy failed (step: type check, config in pyproject.toml)" >&2
   exit 1; }
+# The documentation site, warnings as errors (a broken link or anchor, a page
+# left out of the navigation), built into a folder of its own and removed; its
+# log is shown only when it fails (--quiet would hide the warnings from --strict).
+SITE=$(mktemp -d)
+if ! DOCS_LOG=$(NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict -d "$SITE" 2>&1)
+then
+  rm -rf "$SITE"; echo "$DOCS_LOG" >&2
+  echo "error: scripts/test.sh: mkdocs build --strict failed (step: docs, config in mkdocs.yml)" >&2
+  exit 1
+fi
+rm -rf "$SITE"
 exec .venv/bin/python -m pytest -q "$@"

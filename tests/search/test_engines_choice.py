@@ -193,7 +193,7 @@ def test_the_h200_engines_study_reads_vllm_best_and_sglang_not_separated(tmp_pat
     code: vLLM's defaults held 27.5 req/s (30 piled up), SGLang's held 20 and
     failed only at 30 (its first probe at 30 passed, the re-measure broke TTFT
     p99), so the 1.38x between them is not a measured gap."""
-    src = Path(__file__).parents[2] / "benchmarks" / "gpu-h200" / "run11-engines" / "eng.log"
+    src = Path(__file__).parents[2] / "tests" / "fixtures" / "h200-engines-run11" / "eng.log"
     journal = tmp_path / "eng.log"
     journal.write_bytes(src.read_bytes())  # Optuna's journal lock writes beside it
     study = optuna.load_study(study_name="h200-engines",

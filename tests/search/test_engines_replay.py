@@ -45,7 +45,7 @@ from qtune.search.storage import open_storage
 from tests.engines.conftest import ENG_FIX, H200X2, replay_nvml
 
 ROOT = Path(__file__).parents[2]
-MEASURED = ROOT / "benchmarks" / "results" / "replay-table-20261201"
+MEASURED = ROOT / "tests" / "fixtures" / "replay-table-20261201"
 SGLANG_ARGS = json.loads((ENG_FIX / "sglang-0.5.17-server-args.json").read_text())
 VLLM_ARGS = {"max_num_seqs": {"flag": "--max-num-seqs", "kind": "int", "default": None,
                               "choices": None, "nargs": None}}

@@ -31,7 +31,7 @@ from qtune.search.replay import StandIn, Table, measured_grid, replay_search, st
 from tests.fakes.sampler import script_random_sampler
 
 ROOT = Path(__file__).parent.parent.parent
-TABLE = ROOT / "benchmarks" / "results" / "replay-table-20261202"
+TABLE = ROOT / "tests" / "fixtures" / "replay-table-20261202"
 SEEDS = range(12)
 # The default search as a user runs it (TPE, the top-3 confirmation counted
 # in the launches) against random sampling at 10 launches (the fewest that
@@ -164,7 +164,7 @@ def test_the_default_search_is_no_worse_than_random_at_equal_launches(tiny):
 # pick's mean true gap to the best and the mean error of the improvement it
 # states.  Judged on the fresh confirmation runs (runner.judged_runs): 1.1%
 # and 2.5%; with the run that selected each config counted in its median,
-# as before: 3.5% and 7.9% (benchmarks/README.md, the replay section).
+# as before: 3.5% and 7.9% (benchmarks/results/replay-table-20261202/README.md).
 CONFIRMED_BUDGET = 20
 MAX_MEAN_GAP = 0.02
 MAX_MEAN_CLAIM_ERROR = 0.05

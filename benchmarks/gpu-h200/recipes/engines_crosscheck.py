@@ -37,7 +37,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parents[1])]  # benchmarks/, the repo (qtune)
+sys.path[:0] = [str(HERE.parents[1]), str(HERE.parents[2])]  # benchmarks/, the repo (qtune)
 from server_view_ab import vllm_bench_serve  # noqa: E402
 
 from qtune.launch import LaunchSpec  # noqa: E402

@@ -1,7 +1,7 @@
 """SGLang's own benchmark client against the profile and the engine defaults, each on a
 fresh start (run 10 of RESULTS.md).  Run on the device after sglang_run.sh, from /tmp/qt:
 
-    PYTHONPATH=/tmp/site python3 <repo>/benchmarks/gpu-h200/sglang_client_check.py
+    PYTHONPATH=/tmp/site python3 <repo>/benchmarks/gpu-h200/recipes/sglang_client_check.py
 
 The client imports HF datasets at module level; its random-ids dataset never calls it, so
 sglang_client_stub/ stands in for it (datasets is not installed on the device).  The
@@ -29,7 +29,7 @@ def main() -> None:
     tok = argv[argv.index("--tokenizer-path" if "--tokenizer-path" in argv else "--model") + 1]
     name = argv[argv.index("--served-model-name") + 1]
     # the repo too: the server runs under qtune's guard (python -m qtune.guard)
-    repo = str(Path(__file__).resolve().parents[2])
+    repo = str(Path(__file__).resolve().parents[3])
     env = {**(p.get("env") or {}), "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"/tmp/site:{repo}"}
     configs = {"profile": argv, "defaults": argv[:argv.index("--port") + 2]}
     for i, (label, command) in enumerate(configs.items()):

@@ -42,7 +42,7 @@ python3 -m qtune search --model examples/qwen3-4b --input-len 1024 --output-len 
   --storage journal:///tmp/qt/cap.log --study h200-capacity --out $Q/h200-capacity.yaml \
   --json > $Q/search.json 2> $Q/search.err
 echo "search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
-python3 benchmarks/gpu-h200/winner.py $Q/h200-capacity.yaml /tmp/qt/cap.log > $Q/winner.env \
+python3 benchmarks/gpu-h200/recipes/winner.py $Q/h200-capacity.yaml /tmp/qt/cap.log > $Q/winner.env \
   2>> $Q/chain.log || { touch $Q/DONE; exit 0; }
 . $Q/winner.env; echo "winner: $PARAMS at $RATE req/s, $N requests" >> $Q/chain.log
 s=$(date +%s); rm -f $Q/server.json

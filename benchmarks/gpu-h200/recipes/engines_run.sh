@@ -79,7 +79,7 @@ if [ "$CROSSCHECK" = 1 ]; then
   # study ran still reaches the cross-check
   cp -r $REPO/benchmarks /tmp/qrepo/
   s=$(date +%s)
-  $PY benchmarks/gpu-h200/engines_crosscheck.py /tmp/qt/eng.log --json $Q/crosscheck.json \
+  $PY benchmarks/gpu-h200/recipes/engines_crosscheck.py /tmp/qt/eng.log --json $Q/crosscheck.json \
     > $Q/crosscheck.log 2>&1
   echo "crosscheck rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
 fi
