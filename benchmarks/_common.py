@@ -206,6 +206,7 @@ def launch(model: str | None, params: dict[str, object], work: Path) -> Any:
 
     Returns ``(Server, spec, tokenizer_dir)``; the caller enters the Server.
     """
+    from qtune.engines import trial_spec
     from qtune.engines.base import SpaceContext
     from qtune.engines.vllm import VLLM
     from qtune.host import probe
@@ -216,6 +217,5 @@ def launch(model: str | None, params: dict[str, object], work: Path) -> Any:
     host = probe()
     ctx = SpaceContext(host, m, host.engines.get("vllm"))
     eng = VLLM()
-    spec = eng.launch_spec(params or eng.baseline(ctx)[0], ctx, host="127.0.0.1",
-                           port=free_port())
+    spec = trial_spec(eng, params or eng.baseline(ctx)[0], ctx, free_port())
     return Server(spec, work / "server.log"), spec, str(m.tokenizer_dir)

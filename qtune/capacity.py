@@ -17,9 +17,10 @@ default:
    first probe runs at the floor, over the incumbent's window.  A config that
    does not hold there cannot win: the search stops after that one probe
    (``CapacityResult.below``).  One that holds is searched upward from it;
-2. without a floor, from the start load: double while held, halve (or, after
-   a clear overload, step to just under the rate the server did serve) while
-   not;
+2. without a floor, from the start load: up while held, by as much as the
+   probe's headroom under the SLO allows (double far below the limits, a
+   quarter near them); halve (or, after a clear overload, step to just under
+   the rate the server did serve) while not;
 3. bisect until the bracket is within the tolerance (10% by default);
 4. re-measure only the answer, over twice the window with fresh prompts; a
    failed re-measure falls back to the next lower load that held and
@@ -56,11 +57,14 @@ Progress = Callable[[str], None]
 WINDOW_SERVICE_TIMES = 10
 # The bracket is narrowed until (failed - held) / held is at most this.
 DEFAULT_TOLERANCE = 0.1
-# After a config held the incumbent's capacity, the next probe is this much
-# higher: a config that beats the incumbent usually does so by less than half
-# (H200, interactive SLO: 28 against 22 req/s), and a probe far above the
-# knee stops early, so overshooting costs little.
-GROWTH_AFTER_FLOOR = 1.5
+# How far above a load that held the next probe goes, by the held probe's
+# headroom (its worst SLO percentile over its limit): far below the limits,
+# double; closer, half as far again; near them, a quarter.  A config that
+# beats the incumbent usually does so by less than half (H200, interactive
+# SLO: 28 against 22 req/s), and each step skipped is a probe of 40-55 s
+# there; a probe far above the knee stops early, so overshooting costs little.
+GROWTH = ((0.5, 2.0), (0.8, 1.5), (float("inf"), 1.25))
+NEAR_LIMIT = 0.8
 # A probe that served less than this share of its offered rate was clearly
 # over the server's throughput: the next one goes just under what it served.
 CLEAR_OVERLOAD = 0.8
@@ -332,7 +336,22 @@ class _Search:
 
     # -- the procedure ----------------------------------------------------
 
-    def up(self, x: float, factor: float) -> float:
+    def used(self, load: float) -> float | None:
+        """The share of its SLO limits the last probe that held ``load``
+        used (its worst percentile over its limit); None when none held."""
+        held = next((p for p in reversed(self.b.probes) if p.held and p.load == load), None)
+        if held is None:
+            return None
+        return max((v / slo.limit for slo in self.slos
+                    if (v := metric_value(held.summary, slo.metric)) is not None
+                    and slo.limit > 0), default=0.0)
+
+    def up(self, x: float) -> float:
+        """The next load above ``x``, which held: by the headroom it showed
+        under the SLO (``GROWTH``); the full procedure doubles."""
+        factor = 2.0
+        if self.fast:
+            factor = next(f for bound, f in GROWTH if (self.used(x) or 0.0) <= bound)
         return x * factor if self.by_rate else float(max(x + 1, math.ceil(x * factor)))
 
     def down(self, x: float) -> float:
@@ -349,12 +368,21 @@ class _Search:
         return x / 2
 
     def narrow_enough(self, lo: float, hi: float) -> bool:
-        if self.by_rate:
-            return (hi - lo) / lo <= self.plan.tolerance
+        if self.by_rate:  # (an epsilon: lo * 1.1 - lo is not exactly lo * 0.1)
+            return (hi - lo) / lo <= self.plan.tolerance + 1e-9
         return hi - lo <= 1
 
     def mid(self, lo: float, hi: float) -> float:
-        return (lo + hi) / 2 if self.by_rate else float(math.floor((lo + hi) / 2))
+        """The next load inside [lo, hi): the middle, or, when lo held close
+        to the SLO's limits (``NEAR_LIMIT`` of them), just one tolerance
+        above lo: the knee is near, and that probe closes the bracket if it
+        fails (the CPU smoke study spent three halvings of [5, 7.5) where
+        lo's E2E p99 had used 85% of its limit)."""
+        m = (lo + hi) / 2 if self.by_rate else float(math.floor((lo + hi) / 2))
+        if self.fast and (self.used(lo) or 0.0) >= NEAR_LIMIT:
+            near = lo * (1 + self.plan.tolerance) if self.by_rate else lo + 1
+            m = min(m, near)
+        return m
 
     def bisect(self, lo: float, hi: float) -> tuple[float, float]:
         """Narrow [lo, hi) (lo held, hi did not) to the tolerance."""
@@ -391,7 +419,7 @@ class _Search:
                     reason=f"did not hold {floor:g} {self.unit}, the best so far{of}: "
                     f"{last.why}; it cannot win, so one probe decided")
             lo = floor
-            x = self.up(floor, GROWTH_AFTER_FLOOR)
+            x = self.up(floor)
         else:
             x = plan.start if self.by_rate else float(max(1, int(plan.start)))
         # Bracket: up while the SLO holds, down while it does not.
@@ -400,7 +428,7 @@ class _Search:
                 lo = x
                 if hi is not None:
                     break
-                x = self.up(x, 2.0)
+                x = self.up(x)
             else:
                 hi = x
                 if lo is not None:

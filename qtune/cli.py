@@ -315,6 +315,9 @@ def search(
     capacity_tolerance: Annotated[float, typer.Option(
         help="--objective capacity: narrow each capacity's bracket [held, failed) to "
         "this fraction of it.")] = 0.1,
+    capacity_window: Annotated[float, typer.Option(
+        help="--objective capacity: shortest arrival window of a probe, in seconds "
+        "(each also runs at least 10 service times).")] = 20.0,
     pick: Annotated[int | None, typer.Option(
         help="Write the profile of this trial (e.g. a point of the Pareto front) "
         "instead of the best; with --study, of a finished study.")] = None,
@@ -328,6 +331,11 @@ def search(
     exact: Annotated[bool, typer.Option(
         help="Keep the model's numerics: leave fp8 KV cache and fp8 weights "
         "out of the space.")] = False,
+    lossy: Annotated[bool, typer.Option(
+        help="Search fp8 KV cache and fp8 weights even where their answer quality "
+        "cannot be measured (random weights); the profile and every emitted file then "
+        "say so. Without it they are searched only where the quality gate runs.")
+    ] = False,
     max_quality_loss: Annotated[float, typer.Option(
         min=0.0,
         help="With real weights: a config whose perplexity on qtune's evaluation text "
@@ -374,7 +382,8 @@ def search(
                      confirm_top=3 if confirm_top is None else confirm_top,
                      confirm_repeats=2 if confirm_repeats is None else confirm_repeats,
                      confirm_fixed=confirm_top is not None or confirm_repeats is not None,
-                     capacity_tolerance=capacity_tolerance, pick=pick, exact=exact,
+                     capacity_tolerance=capacity_tolerance,
+                     capacity_window=capacity_window, pick=pick, exact=exact, lossy=lossy,
                      levels=parse_levels(levels), prune_margin=prune_margin,
                      force=force, max_quality_loss=max_quality_loss, gpus=gpus,
                      finish=finish, allow_mixed_hosts=allow_mixed_hosts,
@@ -713,6 +722,9 @@ def main() -> None:
 
     install_signal_handlers()
     try:
+        from qtune.deps import check as check_libraries
+
+        check_libraries()  # before any file is read or server launched
         # Without standalone mode Typer *returns* exit codes (typer.Exit,
         # and 130 for Ctrl-C) instead of raising them.
         rc = app(standalone_mode=False)

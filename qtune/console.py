@@ -215,6 +215,8 @@ class SearchReporter:
                     if best is not None else "no feasible trial yet")
         err.print(Text(f"trial {rec.number} {tag}", style="bold") + Text(params))
         err.print(Text(f"    {line}", style=style))
+        for extra in _trial_time_lines(rec):
+            err.print(Text(f"    {extra}", style="dim"))
         if rec.status == "ok" and rec.summary.get("overloaded"):
             err.print(Text(f"    {overload_text(rec.summary['overloaded'])}", style="yellow"))
         if rec.status == "ok" and (uneven := _uneven_replicas(rec.summary.get("server"))):
@@ -235,6 +237,34 @@ class SearchReporter:
                                style="red" if bad else "dim"))
         if rec.status != "invalid":
             err.print(Text(f"    {best_txt}; left {self._eta()}", style="dim"))
+
+
+def _trial_time_lines(rec: Any) -> list[str]:
+    """Where a launched trial's time went: its start's phases (from the
+    engine's log) and, for a capacity trial, its probes."""
+    out = []
+    phases = rec.start_phases or {}
+    if phases.get("ready_s") is not None:
+        from qtune.launch import StartPhases
+
+        out.append(StartPhases(**{k: v for k, v in phases.items() if k != "other_s"}).text())
+    summary = rec.summary or rec.partial_summary or {}
+    cap = summary.get("capacity") or {}
+    if cap.get("steps"):
+        out.append(capacity_line(cap))
+    return out
+
+
+def capacity_line(cap: dict[str, Any]) -> str:
+    """A capacity search's probes in one line: how many, how long, the
+    loads and their verdicts, and what stopping early saved."""
+    steps = cap["steps"]
+    loads = " ".join(f"{st['load']:g}{'✓' if st['ok'] else '✗'}"
+                     + ("×2" if st.get("remeasure") else "") for st in steps)
+    saved = cap.get("saved_s") or 0.0
+    return (f"{len(steps)} probe{'s' if len(steps) != 1 else ''} in "
+            f"{cap.get('probes_s', 0.0):.0f} s ({loads})"
+            + (f"; stopping failed probes early saved {saved:.0f} s" if saved >= 1 else ""))
 
 
 def render_search_result(res: Any) -> None:
@@ -262,6 +292,16 @@ def render_search_result(res: Any) -> None:
         base = res.baseline is not None and str(res.baseline.number) == n
         fresh = c.get("fresh")
         runs = fresh if fresh else c["values"]
+        if c.get("bracket") is not None:  # a capacity: held again or not
+            runs_txt = "; ".join(c.get("runs") or []) or "no fresh start finished"
+            load = c.get("load", c["values"][0])
+            asked = (f" (its own capacity {_fmt(c['values'][0])}; asked to hold the best "
+                     "config's)" if load != c["values"][0] else "")
+            held = len(c.get("fresh") or [])
+            out.print(f"confirmed trial {n}{' (engine defaults)' if base else ''}: "
+                      f"{_fmt(load)} req/s held on {held} of "
+                      f"{held + c.get('failures', 0)} fresh starts{asked} ({runs_txt})")
+            continue
         out.print(f"confirmed trial {n}{' (engine defaults)' if base else ''}: "
                   f"median {_fmt(c['median'])} over "
                   f"{len(runs)}{' fresh' if fresh else ''} run{'' if len(runs) == 1 else 's'}"
@@ -290,6 +330,10 @@ def render_search_result(res: Any) -> None:
         obj = (res.profile.metrics.get("objective") or {}) if res.profile else {}
         within = (" (within the noise: the confirmation runs overlap the defaults'; "
                   "check with qtune verify)" if obj.get("separated") is False else "")
+        iv = obj.get("interval")
+        if iv:  # capacities: the ratio of the brackets' ends
+            hi = "inf" if iv[1] is None else f"{iv[1]:.2f}"
+            within = f" [{iv[0]:.2f}, {hi}] from the capacities' brackets" + within
         out.print(f"improvement over the engine defaults: {res.improvement:.2f}x{within}")
         from qtune.search.result import overload_note
 
@@ -302,6 +346,12 @@ def render_search_result(res: Any) -> None:
     if res.pruning and res.pruning["pruned"]:
         out.print(f"pruning: {res.pruning['pruned']} trials stopped early, "
                   f"~{res.pruning['measure_s_saved']:.0f} s of measurement saved")
+    if res.pruning and res.pruning.get("probes"):
+        p = res.pruning
+        out.print(f"capacity: {p['probes']} probes in all; {p['below_incumbent']} config"
+                  f"{'s' if p['below_incumbent'] != 1 else ''} decided by one probe at the best "
+                  f"capacity so far; stopping failed probes early saved "
+                  f"~{p['probe_s_saved']:.0f} s")
     acc = res.memory_estimate
     if acc and (acc["launches_avoided"] or acc["launched_with_prediction"]):
         out.print(f"memory estimate: {acc['launches_avoided']} launches avoided; right for "

@@ -12,6 +12,7 @@ records it as data and goes on.
      ├── ModelError        model path or id that cannot be resolved
      ├── EngineError       engine missing or not runnable from --engine-python
      ├── StudyError        storage or study name problems
+     ├── SetupError        a library qtune needs missing, or at an untested version
      └── ServerError       a server that failed to start or died (trial-level;
                            the search catches it, a single `verify` does not)
 """
@@ -110,6 +111,11 @@ class EngineError(QtuneError):
 
 class StudyError(QtuneError):
     """The Optuna storage cannot be opened or the study is inconsistent."""
+
+
+class SetupError(QtuneError):
+    """A library qtune needs is missing, or installed at a version outside
+    the range qtune was tested with."""
 
 
 class ServerError(QtuneError):

@@ -97,3 +97,48 @@ class RunningConfig:
     # where each parameter was read ("/metrics cache_config_info", ...)
     sources: Mapping[str, str] = field(default_factory=dict)
 
+
+
+@dataclass(frozen=True)
+class StartPhases:
+    """Where a server's start went, read by its adapter from the start's log
+    (``Engine.start_phases``) and the runner's own clock: loading the
+    weights, compiling (and whether the compile cache had it), capturing
+    graphs, the rest of the engine's initialisation (memory profile, KV
+    cache, warm-up), and what is left of ``ready_s`` (the process, imports,
+    the API server).  None: the log did not say."""
+
+    ready_s: float
+    weights_s: float | None = None
+    compile_s: float | None = None
+    graphs_s: float | None = None
+    init_s: float | None = None  # the engine's init, compile and graphs included
+    cache_hit: bool | None = None  # None: nothing compiled, or not said
+
+    @property
+    def other_s(self) -> float:
+        """The start less what the log accounted for."""
+        known = (self.weights_s or 0.0) + (self.init_s or 0.0)
+        return max(0.0, self.ready_s - known)
+
+    def to_dict(self) -> dict[str, float | bool | None]:
+        return {"ready_s": round(self.ready_s, 3), "weights_s": self.weights_s,
+                "compile_s": self.compile_s, "graphs_s": self.graphs_s,
+                "init_s": self.init_s, "other_s": round(self.other_s, 3),
+                "cache_hit": self.cache_hit}
+
+    def text(self) -> str:
+        """One line: ``start 64 s: weights 3 s, compile 9 s (cached), ...``."""
+        parts = []
+        for label, v in (("weights", self.weights_s), ("compile", self.compile_s),
+                         ("graphs", self.graphs_s)):
+            if v is not None:
+                extra = ""
+                if label == "compile" and self.cache_hit is not None:
+                    extra = " (cache hit)" if self.cache_hit else " (cache miss)"
+                parts.append(f"{label} {v:.0f} s{extra}")
+        if self.init_s is not None:
+            rest = self.init_s - (self.compile_s or 0.0) - (self.graphs_s or 0.0)
+            parts.append(f"engine init {max(rest, 0.0):.0f} s")
+        parts.append(f"process and API {self.other_s:.0f} s")
+        return f"start {self.ready_s:.0f} s: " + ", ".join(parts)

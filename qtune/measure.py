@@ -26,7 +26,7 @@ from qtune.bench import BenchConfig, measure
 from qtune.capacity import CapacityPlan, CapacityResult, find_capacity
 from qtune.engines.base import Failure
 from qtune.errors import ServerError
-from qtune.launch import LaunchSpec
+from qtune.launch import LaunchSpec, StartPhases
 from qtune.load.workload import Workload
 from qtune.server import Server
 
@@ -83,7 +83,7 @@ class Measurement:
     # The capacity search behind ``capacity`` (its probes' whole summaries).
     capacity_result: CapacityResult | None = field(default=None, repr=False)
     # The start's phases read from the engine's log (measure_server only).
-    start_phases: Any = None
+    start_phases: StartPhases | None = None
 
     @classmethod
     def from_summary(cls, s: dict[str, Any]) -> Measurement:
@@ -185,6 +185,7 @@ def measure_server(
     before: Callable[[], None] | None = None,
     after: Callable[[Measurement], None] | None = None,
     check_alive: bool = False,
+    phases: Callable[[str, float], StartPhases] | None = None,
 ) -> Measurement:
     """Start the server of ``spec`` (its log to ``log``), wait until it is
     ready, measure it (``measure_load``) and stop it, on every path.
@@ -193,13 +194,15 @@ def measure_server(
     server before the measurement (``--levels``: the lower levels), ``after``
     on the still running server after it (the quality gate).  With
     ``check_alive``, a server that died under load raises ``ServerDied``
-    (a failed config, not a slow one).  Raises ``ServerError`` when the
-    server does not start."""
+    (a failed config, not a slow one).  ``phases`` (the engine's
+    ``start_phases``) reads where the start went from its log.  Raises
+    ``ServerError`` when the server does not start."""
     if (stand_in := _STAND_IN.get()) is not None:
         return stand_in(spec, log, bench, startup_timeout=startup_timeout,
                         classify=classify, progress=progress, watch=watch,
                         capacity=capacity, on_tick=on_tick, on_ready=on_ready,
-                        before=before, after=after, check_alive=check_alive)
+                        before=before, after=after, check_alive=check_alive,
+                        phases=phases)
     with Server(spec, log) as server:
         ready = server.wait_ready(startup_timeout, on_tick=on_tick, classify=classify)
         if on_ready is not None:
@@ -208,6 +211,8 @@ def measure_server(
             before()
         out = measure_load(spec, bench, progress=progress, watch=watch, capacity=capacity)
         out.startup_s = ready
+        if phases is not None:
+            out.start_phases = phases(server.log_text(), ready)
         if check_alive and (server.proc is None or server.proc.poll() is not None):
             raise ServerDied(classify(server.log_text()), out)
         if after is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from qtune.bench import KEY_METRICS, BenchConfig
-from qtune.engines import get_engine
+from qtune.engines import get_engine, on_this_host
 from qtune.engines.base import SpaceContext
 from qtune.errors import EngineError, InputError, ModelError, ProfileError, ServerError
 from qtune.host import probe
@@ -117,7 +117,8 @@ def measure_sides(
     # The engine's own spec, with each side's command in it: its watch
     # patterns and this host's run defaults (vLLM: the shared compile cache)
     # hold for every side, and a field added to LaunchSpec is not dropped.
-    ref = engine.launch_spec({}, ctx, host="127.0.0.1", port=8000)
+    ref = on_this_host(engine, engine.launch_spec({}, ctx, host="127.0.0.1", port=8000),
+                       ctx.install)
     wl, served = workload, ctx.model.served_name
     runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in sides}
     starts: dict[str, list[float]] = {s.label: [] for s in sides}

@@ -13,6 +13,16 @@ from tests.fakes.model import make_model
 from tests.fakes.nvml import NoNVML
 
 FIX = Path(__file__).parent / "fixtures"
+_HEAVY = ("e2e", "pg", "slow")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The fast tier (``-m fast``): every test that starts no real engine, no
+    PostgreSQL and no process of seconds; the README's test command runs it
+    first, and CI runs it again on the declared dependency floors."""
+    for item in items:
+        if not any(item.get_closest_marker(m) for m in _HEAVY):
+            item.add_marker(pytest.mark.fast)
 
 
 @pytest.fixture(autouse=True)

@@ -147,10 +147,29 @@ def test_a_config_that_holds_the_incumbent_is_searched_upward_from_it():
     cap, fn = run(lambda rate, n: rate <= 27, plan=plan)
     assert cap.found and 24 <= cap.value <= 27
     loads = [w.rate for w, _ in fn.calls]
-    assert loads[0] == 20 and loads[1] == 30  # the floor, then 1.5x above it
+    # the floor, then up by its headroom (TTFT p99 100 ms of 400: double)
+    assert loads[0] == 20 and loads[1] == 40
     assert min(loads) >= 20  # nothing below the floor is probed again
     lo, hi = cap.bracket
     assert (hi - lo) / lo <= 0.1
+
+
+@pytest.mark.parametrize(("ttft_p99", "factor"), [(100.0, 2.0), (300.0, 1.5), (390.0, 1.25)])
+def test_the_step_up_follows_the_headroom(ttft_p99, factor):
+    """Far below the SLO's limits the next probe doubles; near them it goes
+    a quarter higher (each step skipped is a probe of 40-55 s on the H200)."""
+    loads: list[float] = []
+
+    def fn(url: str, model: str, w: Workload, cfg: Any, **kw: Any) -> dict:
+        loads.append(w.rate)
+        s = _summary(w.rate <= 30, w)
+        if w.rate <= 30:
+            s["ttft_ms"]["p99"] = ttft_p99
+        return s
+
+    cfg = BenchConfig(urls=["u"], workload=Workload(rate=8, requests=10), slo=SLO)
+    find_capacity("u", "m", cfg, measure_fn=fn)
+    assert loads[1] == pytest.approx(8 * factor)
 
 
 def test_the_full_procedure_ignores_the_floor_and_never_stops_a_probe_early():
@@ -220,6 +239,7 @@ def server():
         yield url
 
 
+@pytest.mark.slow
 def test_find_capacity_brackets_the_queue_limit(server):
     cfg = BenchConfig(urls=[server], workload=Workload(
         input_len=8, output_len=2, rate=10, requests=60, warmup_requests=0,
@@ -243,3 +263,23 @@ def test_capacity_needs_a_latency_slo(server):
     with pytest.raises(InputError):
         find_capacity(server, "m", BenchConfig(urls=[server], workload=Workload(
             rate=1, requests=2)))
+
+
+def test_a_held_load_near_the_limits_is_bisected_one_tolerance_up():
+    """When lo held close to the SLO's limits, the knee is near: the next
+    probe goes one tolerance above lo (here 5.5 of [5, 7.5)), which closes
+    the bracket if it fails."""
+    loads: list[float] = []
+
+    def fn(url: str, model: str, w: Workload, cfg: Any, **kw: Any) -> dict:
+        loads.append(w.rate)
+        s = _summary(w.rate <= 5.2, w)
+        if w.rate <= 5.2:
+            s["ttft_ms"]["p99"] = 350.0  # 88% of the 400 ms limit
+        return s
+
+    cfg = BenchConfig(urls=["u"], workload=Workload(rate=4, requests=10), slo=SLO)
+    cap = find_capacity("u", "m", cfg, measure_fn=fn)
+    assert loads[:3] == [4, 5.0, 6.25]  # 4 held near the limit: 1.25x, then 1.25x again
+    assert cap.found and cap.value == 5.0 and cap.bracket == (5.0, 5.5)
+    assert loads[3] == pytest.approx(5.5) and len(loads) == 5  # and the re-measure

@@ -38,4 +38,18 @@ def summary_lines(profile: Profile) -> list[str]:
         f"engine {profile.engine.name} {profile.engine.version} ({profile.engine.build}), "
         f"model {profile.model.get('id')}",
         f"tuned for {obj.get('name')} = {num(best)}; engine defaults: {num(base)}",
+        *quality_warnings(profile),
     )]
+
+
+def quality_warnings(profile: Profile) -> list[str]:
+    """What every deploy file says when the winner changes the model's
+    numerics (fp8 weights or KV cache) and its answer quality was not
+    measured (issue 27: searched on random weights with --lossy)."""
+    q = profile.metrics.get("quality") or {}
+    numerics = q.get("numerics") if isinstance(q, dict) else None
+    if not numerics or not isinstance(numerics, dict) or q.get("measured"):
+        return []
+    what = ", ".join(f"{k}={v}" for k, v in sorted(numerics.items()))
+    return [f"WARNING: this config changes the model's numerics ({what}) and its answer "
+            "quality was NOT measured; measure it on the real weights before serving"]

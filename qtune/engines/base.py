@@ -28,12 +28,13 @@ from typing import Any
 from qtune.estimate import Estimate
 from qtune.host import HostFacts
 from qtune.host.installed import EngineInstall
-from qtune.launch import LaunchSpec, MetricNames, RunningConfig
+from qtune.launch import LaunchSpec, MetricNames, RunningConfig, StartPhases
 from qtune.model import ModelInfo, cache_dir
 
 __all__ = [
     "CacheVolume", "CommandWords", "Engine", "Failure", "FixedArgs", "LaunchSpec", "LoadView",
-    "MetricNames", "Param", "RunningConfig", "int_flag", "SpaceContext", "classify_by_patterns",
+    "MetricNames", "Param", "RunningConfig", "int_flag", "SpaceContext", "StartPhases",
+    "classify_by_patterns",
 ]
 
 
@@ -269,6 +270,28 @@ class Engine(abc.ABC):
         its address and model folders).  Default: ``python -m <module>`` with
         ``--host``, ``--port``, ``--model`` and ``--tokenizer``."""
         return CommandWords()
+
+    def start_phases(self, log_text: str, ready_s: float) -> StartPhases:
+        """Where a start of ``ready_s`` seconds went, from its log (weights,
+        compile and whether its cache had it, graph capture, engine init).
+        Default: nothing read, the whole start unaccounted."""
+        return StartPhases(ready_s=ready_s)
+
+    def compile_cache_env(self, root: Path) -> dict[str, str]:
+        """Environment that puts the engine's compile caches under ``root``
+        (a folder qtune keeps on this host, so every start of a study, its
+        confirmation and later studies reuse what an earlier start
+        compiled).  Trial servers only: never part of a profile.  Default:
+        {} (nothing compiled, or no way to place it)."""
+        return {}
+
+    def pinned_for_cache(self, params: Sequence[Param], fixed: Mapping[str, Any],
+                         ctx: SpaceContext) -> dict[str, Any]:
+        """Values to fix when they are not searched, because they would
+        otherwise follow a searched one into the compile cache's key and make
+        configs that share everything compiled compile again (vLLM's CUDA
+        graph capture sizes follow max_num_seqs).  Default: {}."""
+        return {}
 
     def report_paths(self) -> tuple[str, ...]:
         """GET paths on a running server that describe what it runs (its

@@ -16,13 +16,12 @@ Facts used here (vLLM 0.32; engines.md §1-4):
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from qtune.engines.base import (
@@ -35,6 +34,7 @@ from qtune.engines.base import (
     Param,
     RunningConfig,
     SpaceContext,
+    StartPhases,
     classify_by_patterns,
     int_flag,
 )
@@ -251,8 +251,58 @@ def _pow2_between(lo: int, hi: int) -> list[int]:
     return out
 
 
+# Where a start's time went (vLLM 0.26 CUDA and 0.32 CPU logs; the H200's
+# run 11: weights 3 s, torch.compile 8.6 s from the cache, graphs 9 s, engine
+# init 31.8 s, ready at 64 s).
+_PHASES = {
+    "weights_s": r"Loading weights took ([\d.]+) s",
+    "compile_s": r"torch\.compile (?:took|takes) ([\d.]+) s in total",
+    "graphs_s": r"Graph capturing finished in ([\d.]+) secs",
+    "init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+}
+_CACHE_HIT = r"Directly load (?:the compiled graph|AOT compilation)"
+_CACHE_MISS = r"Compiling a graph for|Cache the graph of compile range"
+# vLLM sizes its CUDA graph captures from max_num_seqs (up to this many) when
+# the capture size is not set: pinned to it when not searched, so configs
+# that differ only in max_num_seqs share one compile.
+_DEFAULT_CAPTURE = 512
+
+
 class VLLM(Engine):
     name = "vllm"
+
+    def start_phases(self, log_text: str, ready_s: float) -> StartPhases:
+        """Read from the start's log (``_PHASES``); with data parallelism
+        each replica logs its own, and the slowest counts."""
+        found: dict[str, float] = {}
+        for key, pattern in _PHASES.items():
+            vals = [float(v) for v in re.findall(pattern, log_text)]
+            if vals:
+                found[key] = max(vals)
+        hit = None
+        if re.search(_CACHE_MISS, log_text):
+            hit = False
+        elif re.search(_CACHE_HIT, log_text):
+            hit = True
+        return StartPhases(ready_s=ready_s, cache_hit=hit, **found)
+
+    def compile_cache_env(self, root: Path) -> dict[str, str]:
+        """vLLM's torch.compile artefacts (``VLLM_CACHE_ROOT``) and
+        Inductor's kernels under ``root``: on one H200 a start from a warm
+        cache took 60-70 s against 165-247 s cold."""
+        return {"VLLM_CACHE_ROOT": str(root / "vllm"),
+                "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor")}
+
+    def pinned_for_cache(self, params: Sequence[Param], fixed: Mapping[str, Any],
+                         ctx: SpaceContext) -> dict[str, Any]:
+        """The CUDA graph capture size when it is not searched (see
+        ``_DEFAULT_CAPTURE``); CPU builds run eager, nothing is captured."""
+        name = "max_cudagraph_capture_size"
+        if ctx.install.build == "cpu" or name in fixed or any(p.name == name for p in params):
+            return {}
+        if ctx.engine_args is not None and name not in ctx.engine_args:
+            return {}
+        return {name: _DEFAULT_CAPTURE}
 
     def read_args(self, install: EngineInstall) -> dict[str, Any] | None:
         """Read from the installed vLLM's argparse (``vllm_args``, cached)."""
@@ -679,15 +729,12 @@ class VLLM(Engine):
             served_model=m.served_name,
             fatal_patterns=_FATAL,
             idle_patterns=_IDLE,
-            # torch.compile's Inductor cache defaults to $TMPDIR/torchinductor_
-            # <user>; the runner's private TMPDIR would make every GPU start
-            # compile from cold (215 s against 60-120 s with the cache).
             # The development endpoints give /reset_prefix_cache, which the
             # load client calls between phases so a measured phase never
             # finds what an earlier one cached.  Trial servers listen on
             # 127.0.0.1 only, and this never reaches a profile or a unit.
-            host_env={"TORCHINDUCTOR_CACHE_DIR": _inductor_cache_dir(),
-                      "VLLM_SERVER_DEV_MODE": "1"},
+            # (The compile caches: compile_cache_env, added by the runner.)
+            host_env={"VLLM_SERVER_DEV_MODE": "1"},
         )
 
     def classify(self, log_text: str) -> Failure:
@@ -849,18 +896,6 @@ def _check_cpu_binding(params: Mapping[str, Any], ctx: SpaceContext,
             >= cpubind.fewest_cores(nodes, usable, cores, ranks):
         out.append(f"VLLM_CPU_NUM_OF_RESERVED_CPU={reserved} leaves a rank no core")
     return out
-
-
-def _inductor_cache_dir() -> str:
-    """Where torch would put its Inductor cache for this user (torch's own
-    rule in ``torch._inductor.runtime.cache_dir_utils``), computed here
-    because importing torch costs seconds."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = f"uid_{os.getuid()}"
-    user = re.sub(r'[\\/:*?"<>|]', "_", user)
-    return os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
 
 
 def to_flag(name: str, value: Any, info: dict[str, Any] | None = None) -> list[str]:

@@ -66,26 +66,34 @@ def _median(values: list[float]) -> float:
 
 
 def costs(study: optuna.Study) -> Costs:
-    """The study's measured costs.  The first launch is left out of the
-    typical trial when there are others: it paid the cold start (compile
-    caches) that later ones do not."""
+    """The study's measured costs.  A typical trial is the median of the
+    trials after the engine defaults; before there are any, a start and a
+    measurement (for a capacity study, a start and two probes: the floor
+    and one more, since the defaults' whole search is no later trial's
+    cost).  The first start is left out of the median start when there are
+    others: it paid the cold compile that later ones do not."""
     trials = study.get_trials(deepcopy=False)
-    totals = [a[Attr.TOTAL_S] for t in trials if (a := t.user_attrs).get(Attr.TOTAL_S)]
+    totals = [a[Attr.TOTAL_S] for t in trials
+              if (a := t.user_attrs).get(Attr.TOTAL_S) and not a.get(Attr.BASELINE)]
     starts = [a[Attr.STARTUP_S] for t in trials if (a := t.user_attrs).get(Attr.STARTUP_S)]
-    runs = []
+    runs, probes = [], []
     for t in trials:
         a = t.user_attrs
         if a.get(Attr.STATUS) != TrialStatus.OK or Attr.SERVER_OF in a:
             continue
         cap = (a.get(Attr.SUMMARY) or {}).get("capacity") or {}
         at = cap.get("at_value") or {}
+        probes += [float(st["elapsed_s"]) for st in cap.get("steps") or []
+                   if st.get("elapsed_s") and not st.get("remeasure")]
         if at.get("elapsed_s"):
             runs.append(float(at["elapsed_s"]))  # a capacity's re-measure probe
         elif not cap and a.get(Attr.MEASURE_S):
             runs.append(float(a[Attr.MEASURE_S]))
-    typical = totals[1:] if len(totals) > 1 else totals
-    return Costs(start_s=_median(starts[1:] if len(starts) > 1 else starts),
-                 run_s=_median(runs), trial_s=_median(typical))
+    start = _median(starts[1:] if len(starts) > 1 else starts)
+    run = _median(runs)
+    trial = _median(totals) if totals else \
+        start + (2 * _median(probes) if probes else run)
+    return Costs(start_s=start, run_s=run, trial_s=trial)
 
 
 def plan_confirmation(cfg: TuneConfig, study: optuna.Study, direction: str,

@@ -207,6 +207,9 @@ class TuneConfig:
     time_budget: float | None = None  # seconds for the whole study
     pick: int | None = None  # write this trial's profile instead of the best
     exact: bool = False  # no lossy options (fp8 KV / weights) in the space
+    # Search lossy options where their quality cannot be measured (random
+    # weights); without it they are searched only where it can (issue 27).
+    lossy: bool = False
     # Prune only past best x (1 + margin): the best so far is a single run,
     # often a lucky one (on the 2-core VM, picks re-measured 6-45% above the
     # value their search saw), and a pruned trial keeps no value to confirm.
@@ -226,6 +229,9 @@ class TuneConfig:
     # --objective capacity: the bracket is narrowed until (failed - held) /
     # held is at most this (qtune.capacity)
     capacity_tolerance: float = DEFAULT_TOLERANCE
+    # Shortest arrival window of a capacity probe, in seconds (each also runs
+    # at least 10 service times, qtune.capacity.WINDOW_SERVICE_TIMES)
+    capacity_window: float = 20.0
     # auto: after the main search, try the engine's speculative decoding on
     # the best config (real weights only); off: never (qtune.search.speculative)
     speculative: str = "auto"
@@ -284,6 +290,13 @@ def check_config(cfg: TuneConfig) -> None:
     if not (math.isfinite(cfg.capacity_tolerance) and 0.01 <= cfg.capacity_tolerance <= 1):
         raise InputError(f"--capacity-tolerance {cfg.capacity_tolerance}: not between 0.01 "
                          "and 1", hint="a fraction of the capacity, e.g. 0.1 for 10%")
+    if cfg.exact and cfg.lossy:
+        raise InputError("--exact and --lossy: choose one",
+                         hint="--exact keeps the model's numerics; --lossy searches fp8 "
+                         "even where its quality cannot be measured")
+    if not (math.isfinite(cfg.capacity_window) and 1 <= cfg.capacity_window <= 3600):
+        raise InputError(f"--capacity-window {cfg.capacity_window}: not between 1 and 3600",
+                         hint="seconds of arrivals a capacity probe holds, e.g. 20")
     if cfg.speculative not in ("auto", "off"):
         raise InputError(f"--speculative {cfg.speculative}: not a choice",
                          hint="auto (try it on the best config, real weights only) or off")

@@ -59,6 +59,9 @@ class Prepared:
     # name in the order given; empty for a study of one engine.  This one's
     # engine, ctx, params and fixed are then the first engine's.
     engines: dict[str, Prepared] = field(default_factory=dict)
+    # Why lossy options are left out of the space when --exact was not given
+    # (their quality cannot be measured here), for the study's notes.
+    lossless_why: str | None = None
 
     def of(self, engine: str | None) -> Prepared:
         """The prepared study of ``engine`` (a trial's ``engine``): this one
@@ -164,18 +167,49 @@ def prepare(cfg: TuneConfig, *, host: HostFacts | None = None) -> Prepared:
     engine_args = None
     if cfg.pick is None:
         engine_args = engine.read_args(install)
+    exact, why = lossless(cfg, engine, model)
+    if exact != cfg.exact:
+        cfg = dataclasses.replace(cfg, exact=exact)
     ctx = SpaceContext(host, model, install, cfg.max_model_len, engine_args,
                        exact=cfg.exact)
     params = engine.space(ctx)
+    if why is not None:
+        # Said only where the space would have held a lossy option.
+        left_out = {p.name for p in engine.space(dataclasses.replace(ctx, exact=False))} \
+            - {p.name for p in params}
+        why = f"{why}: {', '.join(sorted(left_out))}" if left_out else None
     fixed: dict[str, Any] = {}
     if override is not None:
         params, fixed = apply_overrides(params, override, engine_args)
     named = override.entries if override is not None else {}
     params = [p for p in params if not p.opt_in or p.name in named]
+    # What would follow a searched value into the compile cache's key is
+    # fixed when it is not searched itself (issue 27: cheaper starts).
+    fixed = {**engine.pinned_for_cache(params, fixed, ctx), **fixed}
     make_sampler(cfg.sampler, params, cfg.seed, cfg.trials)  # fail before any file
     user_set = frozenset(override.entries) if override is not None else frozenset()
     return Prepared(cfg, host, engine, ctx, params, fixed, direction, study_name,
-                    storage_url, study_dir, user_set)
+                    storage_url, study_dir, user_set, lossless_why=why)
+
+
+def lossless(cfg: TuneConfig, engine: Engine, model: ModelInfo) -> tuple[bool, str | None]:
+    """Whether the space keeps the model's numerics, and why when the user
+    did not ask for it: a lossy option (fp8 weights, fp8 KV cache) is
+    searched only where the quality gate can judge it (real weights and an
+    engine that answers log-probabilities), or with --lossy.  Issue 27: on
+    one H200 the winner was fp8 weights on random weights, a quantization
+    whose quality nobody had measured."""
+    if cfg.exact or cfg.lossy:
+        return cfg.exact, None
+    if model.load_format == "dummy":
+        return True, ("fp8 weights and KV cache left out: the model has random weights, "
+                      "so their answer quality cannot be measured (--lossy searches "
+                      "them anyway)")
+    if engine.logprobs_request(model.served_name, "") is None:
+        return True, (f"fp8 weights and KV cache left out: {engine.name} answers no "
+                      "log-probabilities, so their answer quality cannot be measured "
+                      "(--lossy searches them anyway)")
+    return False, None
 
 
 def _not_installed(name: str, host: HostFacts) -> EngineError:

@@ -52,6 +52,7 @@ class Attr:
     DETAIL = "detail"
     SUMMARY = "summary"  # the measured run (a full measurement only)
     STARTUP_S = "startup_s"
+    START_PHASES = "start_phases"  # where the start went (qtune.launch.StartPhases)
     MEASURE_S = "measure_s"
     TOTAL_S = "total_s"
     ARGV = "argv"
@@ -114,7 +115,11 @@ class TrialRecord:
     reason: str | None = None
     detail: str | None = None
     summary: dict[str, Any] | None = None
+    # A pruned trial's run (stopped early, or a capacity below the
+    # incumbent's): kept apart from full measurements.
+    partial_summary: dict[str, Any] | None = None
     startup_s: float | None = None
+    start_phases: dict[str, Any] | None = None
     measure_s: float | None = None
     total_s: float | None = None
     argv: list[str] = field(default_factory=list)
@@ -146,7 +151,9 @@ class TrialRecord:
             reason=a.get(Attr.REASON),
             detail=a.get(Attr.DETAIL),
             summary=a.get(Attr.SUMMARY),
+            partial_summary=a.get(Attr.PARTIAL_SUMMARY),
             startup_s=a.get(Attr.STARTUP_S),
+            start_phases=a.get(Attr.START_PHASES),
             measure_s=a.get(Attr.MEASURE_S),
             total_s=a.get(Attr.TOTAL_S),
             argv=a.get(Attr.ARGV, []),
@@ -168,7 +175,9 @@ class TrialRecord:
 
 # The record's fields write_record stores when set (an empty list or dict is
 # not stored: the reader's default gives it back).
-_WRITTEN = (Attr.REASON, Attr.DETAIL, Attr.SUMMARY, Attr.STARTUP_S, Attr.MEASURE_S,
+_WRITTEN = (Attr.REASON, Attr.DETAIL, Attr.SUMMARY, Attr.PARTIAL_SUMMARY, Attr.STARTUP_S,
+            Attr.START_PHASES,
+            Attr.MEASURE_S,
             Attr.TOTAL_S, Attr.ARGV, Attr.ENV, Attr.LOG, Attr.QUALITY)
 
 

@@ -103,7 +103,11 @@ def winner(study: optuna.Study, pick: int | None = None) -> TrialRecord | None:
     # A config whose re-run failed (start or requests) cannot win while
     # another re-ran cleanly.
     clean = [k for k, c in confirmation.items() if not c.get("failures")]
-    n = min(clean or list(confirmation), key=lambda k: sign * confirmation[k]["median"])
+    baseline = {str(t.number) for t in ran_trials(study) if t.user_attrs.get(Attr.BASELINE)}
+    # On a tie the engine defaults win: nothing was gained by changing them
+    # (a capacity study's defaults that hold the best config's load tie it).
+    n = min(clean or list(confirmation),
+            key=lambda k: (sign * confirmation[k]["median"], k not in baseline))
     return next(TrialRecord.from_frozen(t) for t in ran_trials(study) if t.number == int(n))
 
 
@@ -184,6 +188,13 @@ def finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     unsent = [a[Attr.REQUESTS_UNSENT] for a in attrs.values() if Attr.REQUESTS_UNSENT in a]
     pruning = {"pruned": len(unsent),
                "measure_s_saved": round(sum(unsent) * typical, 3)}
+    caps = [(t.summary or t.partial_summary or {}).get("capacity") or {} for t in trials]
+    if any(caps):
+        # --objective capacity: configs decided by one probe at the best
+        # capacity so far, and what stopping failed probes early saved.
+        pruning["below_incumbent"] = sum(1 for t in trials if t.reason == "below_incumbent")
+        pruning["probes"] = sum(len(c.get("steps") or []) for c in caps)
+        pruning["probe_s_saved"] = round(sum(c.get("saved_s") or 0.0 for c in caps), 3)
     return TuneResult(prep.study_name, prep.storage_url, best, baseline, trials,
                       path, profile, improvement, accuracy, pruning, pareto_front=front_view,
                       engines=engines)
@@ -212,6 +223,21 @@ def trials_frame(study: optuna.Study) -> Any:
             "startup_s": r.startup_s, "measure_s": r.measure_s,
             "detail": redact(r.detail) if r.detail else r.detail,
         }
+        # Where the trial's time went: the start's phases (from the engine's
+        # log) and, for a capacity trial, its probes.
+        ph = r.start_phases or {}
+        for k in ("weights_s", "compile_s", "graphs_s", "other_s"):
+            if ph.get(k) is not None:
+                row[f"start.{k.removesuffix('_s')}_s"] = ph[k]
+        if ph.get("cache_hit") is not None:
+            row["start.compile_cached"] = ph["cache_hit"]
+        cap = (s or r.partial_summary or {}).get("capacity") or {}
+        if cap.get("steps"):
+            row["capacity.probes"] = len(cap["steps"])
+            row["capacity.probes_s"] = cap.get("probes_s")
+            row["capacity.saved_s"] = cap.get("saved_s")
+            if cap.get("bracket"):
+                row["capacity.failed_at"] = cap["bracket"][1]
         if r.engine is not None:  # --engine a,b: the trial's engine
             row["engine"] = r.engine
         if r.load_level is not None:  # --levels: the load, and whose server
@@ -262,6 +288,15 @@ def _metrics_view(rec: TrialRecord | None) -> dict[str, Any] | None:
     return view
 
 
+def _bracket(conf: dict[str, Any]) -> tuple[float, float] | None:
+    """A confirmed capacity's [held, failed) bracket (failed: inf when no load
+    above it failed), or None for other objectives."""
+    b = conf.get("bracket")
+    if not b or b[0] is None:
+        return None
+    return float(b[0]), float("inf") if b[1] is None else float(b[1])
+
+
 def _spread(conf: dict[str, Any]) -> tuple[float, float]:
     if conf.get("ci95"):
         lo, hi = conf["ci95"]
@@ -282,6 +317,18 @@ def _objective_pair(study: optuna.Study, best: TrialRecord,
         out = {"best": w["median"], "baseline": b["median"],
                "basis": "median of the confirmation runs"}
         if best.number != baseline.number:
+            wb, bb = _bracket(w), _bracket(b)
+            if wb is not None and bb is not None:
+                # Capacities: each a bracket [held, failed), the gain between
+                # the ratios of their ends.  Separated when, on fresh starts,
+                # the winner held its capacity and the defaults did not hold
+                # it; without that challenge, when their brackets do not meet.
+                challenged = b.get("load") is not None and b["load"] >= (best.value or 0)
+                out["separated"] = (bool(b.get("failures")) and not b.get("fresh")
+                                    and not w.get("failures")) if challenged \
+                    else bool(bb[1] <= wb[0] or wb[1] <= bb[0])
+                out["interval"] = [wb[0] / bb[1], wb[1] / bb[0] if bb[0] else None]
+                return out
             # Overlapping intervals (or, under 3 runs, ranges): the gain is
             # within this host's noise (seen on CPU: 1.05x here, then
             # 1.00x [0.87, 1.32] in verify).
@@ -370,6 +417,12 @@ def build_profile(
                      "engine's best: " + "; ".join(summary_lines(engines)))
     if (over := overload_note(baseline, best)) is not None:
         notes.append(over)
+    conf = (study.user_attrs.get(StudyAttr.CONFIRMATION) or {}).get(str(best.number)) or {}
+    if conf.get("failures"):
+        runs = len(conf.get("fresh") or []) + int(conf["failures"])
+        notes.append(f"NOT CONFIRMED: the winner failed {conf['failures']} of its {runs} fresh "
+                     "start(s) in the confirmation (no other config held cleanly); qtune "
+                     "verify measures it again")
     if objective.get("separated") is False:
         notes.append("the winner's confirmation runs overlap the engine defaults': the "
                      "improvement is within this host's run-to-run noise; qtune verify "

@@ -13,6 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from qtune.capacity import CapacityPlan, CapacityResult
+from qtune.engines import trial_spec
 from qtune.errors import ServerError
 from qtune.measure import Measurement, ServerDied, interleaved, measure_load, measure_server
 from qtune.metrics import metric_value
@@ -102,7 +103,7 @@ def _run_trial_inner(
 
     for attempt in range(3):
         port = free_port()
-        spec = prep.engine.launch_spec(params, prep.ctx, host="127.0.0.1", port=port)
+        spec = trial_spec(prep.engine, params, prep.ctx, port)
         rec.argv, rec.env = list(spec.argv), dict(spec.env)
         reporter.trial_phase(n, "starting", _short(params) or "engine defaults")
 
@@ -125,8 +126,10 @@ def _run_trial_inner(
                 on_ready=ready, before=before, after=after,
                 # A server that died under load is a failed config, not a
                 # slow one: checked before the numbers are trusted.
-                check_alive=True)
+                check_alive=True, phases=prep.engine.start_phases)
             rec.measure_s = m.measure_s
+            if m.start_phases is not None:
+                rec.start_phases = m.start_phases.to_dict()
             break
         except ServerError as exc:
             if isinstance(exc, ServerDied):
@@ -166,8 +169,7 @@ def _run_trial_inner(
         rec.status, rec.reason = TrialStatus.PRUNED, "pruned"
         # Percentiles over the requests that finished before the stop would
         # read better than the truth: keep them apart from real summaries.
-        trial.set_user_attr(Attr.PARTIAL_SUMMARY, summary)
-        rec.summary = None
+        rec.partial_summary, rec.summary = summary, None
         trial.set_user_attr(Attr.REQUESTS_UNSENT, max(planned - done, 0) / max(planned, 1))
         rec.detail = (f"{m.stopped_early} after {done}/{planned} requests")
         write_record(trial, rec)
@@ -213,15 +215,17 @@ def capacity_plan(prep: Prepared, best: TrialRecord | None,
                         tolerance=cfg.capacity_tolerance, floor_of=f"trial {best.number}")
 
 
-def confirm_plan(cfg: TuneConfig, r: TrialRecord) -> CapacityPlan | None:
+def confirm_plan(cfg: TuneConfig, r: TrialRecord,
+                 load: float | None = None) -> CapacityPlan | None:
     """A capacity config's confirmation run: one sustained probe at the
-    capacity it was found to hold, over twice its probe window, on a fresh
-    start (not a new search); None for other objectives."""
+    capacity it was found to hold (or at ``load``), over twice its probe
+    window, on a fresh start (not a new search); None for other
+    objectives."""
     cap = (r.summary or {}).get("capacity") or {}
     if cfg.objective != "capacity" or not cap.get("found") or r.value is None:
         return None
-    return CapacityPlan(start=float(r.value), floor=float(r.value),
-                        window_s=cap.get("window_s"), confirm=True,
+    x = float(r.value if load is None else load)
+    return CapacityPlan(start=x, floor=x, window_s=cap.get("window_s"), confirm=True,
                         floor_of=f"trial {r.number}")
 
 
@@ -237,8 +241,7 @@ def _tell_below(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
         trial.report(good, step=1)
     rec.status, rec.reason = TrialStatus.PRUNED, "below_incumbent"
     rec.detail = cap.reason
-    trial.set_user_attr(Attr.PARTIAL_SUMMARY, summary)
-    rec.summary = None
+    rec.partial_summary, rec.summary = summary, None
     write_record(trial, rec)
     study.tell(trial, state=TrialState.PRUNED)
     reporter.trial_done(rec, best_trial(study))
@@ -283,39 +286,44 @@ def bench_config(prep: Prepared, spec: Any, wl: Any) -> Any:
     return BenchConfig(urls=[spec.base_url], workload=wl, model=spec.served_model,
                        tokenizer=prep.ctx.model.tokenizer_dir, slo=prep.cfg.slo,
                        metric_names=prep.engine.metric_names(),
-                       reset_paths=prep.engine.cache_reset_paths())
+                       reset_paths=prep.engine.cache_reset_paths(),
+                       capacity_window=prep.cfg.capacity_window,
+                       capacity_tolerance=prep.cfg.capacity_tolerance)
 
 
 def remeasure(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: Reporter,
-              *, phase: str, log_name: str, seed_offset: int,
-              on_run: Any = None) -> tuple[dict[int, list[float]], dict[int, int]]:
+              *, phase: str, log_name: str, seed_offset: int, on_run: Any = None,
+              at: dict[int, float] | None = None,
+              ) -> tuple[dict[int, list[float]], dict[int, int]]:
     """Each of ``items`` measured ``repeats`` times more, each time on a fresh
     start, in rotated order (``interleaved``), each round with prompts of its
     own (the workload seed + ``seed_offset`` + round): the objective's values
     per trial number, and the rounds that failed (no start, or a failed
     request).  ``on_run(record, summary)`` sees every measured round.  The
-    top-K confirmation and the speculative-decoding A/B both re-measure so."""
+    top-K confirmation and the speculative-decoding A/B both re-measure so.
+    ``at``: for a capacity, the load a config is asked to hold instead of its
+    own (the defaults, at the best config's capacity)."""
     cfg = prep.cfg
     values: dict[int, list[float]] = {r.number: [] for r in items}
     failures: dict[int, int] = {r.number: 0 for r in items}
     for rep, r in interleaved(items, repeats):
         reporter.trial_phase(r.number, phase, f"repeat {rep + 1}/{repeats}")
         sub = prep.of(r.engine)  # --engine a,b: the trial's own engine
-        spec = sub.engine.launch_spec(r.params, sub.ctx, host="127.0.0.1",
-                                      port=free_port())
+        spec = trial_spec(sub.engine, r.params, sub.ctx, free_port())
         log = prep.study_dir / f"{log_name}-{r.number:03d}-{rep}.log"
         wl = dataclasses.replace(cfg.workload, seed=cfg.workload.seed + seed_offset + rep)
         try:
             m = measure_server(spec, log, bench_config(sub, spec, wl),
                                startup_timeout=cfg.startup_timeout,
-                               classify=sub.engine.classify, capacity=confirm_plan(cfg, r))
+                               classify=sub.engine.classify,
+                               capacity=confirm_plan(cfg, r, (at or {}).get(r.number)))
         except ServerError:
             failures[r.number] += 1  # does not restart reliably
             continue
         summary = m.to_dict()
         if m.capacity_result is not None:
-            # A capacity is confirmed when it holds again: its value, or none.
-            v = r.value if m.capacity_result.found else None
+            # A capacity is confirmed when the load asked for holds again.
+            v = m.capacity_result.value if m.capacity_result.found else None
         else:
             v = get_objective(cfg.objective).value(summary)
         if v is not None and m.failed == 0:

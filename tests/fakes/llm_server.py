@@ -1,13 +1,15 @@
 """A stand-in OpenAI streaming server for orchestration tests (not vLLM):
 python -m tests.fakes.llm_server PORT NAME [--delay-ms N] [--crash] [--port N]
-    [--logprob-shift X]
+    [--logprob-shift X] [--slots N]
 
 Each request streams ``max_tokens`` tokens, one per ``delay-ms``.  With
 --crash it prints a root cause and exits at start, like a config vLLM
 refuses.  A request without ``stream`` gets one JSON answer, as the quality
 gate asks: with ``prompt_logprobs``, every word after the first at
 log-probability -1 - X (vLLM's shape); else ``max_tokens`` words, "t" or,
-with a shift, "u" (another greedy output).
+with a shift, "u" (another greedy output).  With --slots N at most N streams
+run at once and the rest wait (a batch limit: a capacity of N / (tokens x
+delay) requests per second).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ def main() -> None:
         if "--logprob-shift" in opts else 0.0
     if "--port" in opts:  # verify rewrites the --port flag, not the first argument
         port = opts[opts.index("--port") + 1]
+    slots = asyncio.Semaphore(int(opts[opts.index("--slots") + 1])) \
+        if "--slots" in opts else None
     if "--crash" in opts:
         print("ValueError: fake engine refuses --crash (No available memory for the "
               "cache blocks)", flush=True)
@@ -50,7 +54,15 @@ def main() -> None:
             return web.json_response({"choices": [choice]})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for _ in range(body["max_tokens"]):
+        if slots is not None:
+            async with slots:
+                await stream(resp, body)
+        else:
+            await stream(resp, body)
+        return resp
+
+    async def stream(resp: web.StreamResponse, body: dict[str, object]) -> None:
+        for _ in range(int(body["max_tokens"])):  # type: ignore[call-overload]
             await asyncio.sleep(delay)
             await resp.write(b"data: " + json.dumps(
                 {"choices": [{"index": 0, "text": " t"}]}).encode() + b"\n\n")
@@ -58,7 +70,6 @@ def main() -> None:
             "prompt_tokens": 8, "completion_tokens": body["max_tokens"]}}).encode()
             + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
-        return resp
 
     app = web.Application()
     app.router.add_get("/health", health)

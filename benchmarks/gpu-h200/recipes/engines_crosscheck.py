@@ -15,6 +15,8 @@ item 4).  For each engine, in turn and alone on the GPU:
    client's prompts must not hit a cache the probes never had.
 
 Prints the engine client's figures beside qtune's re-measure and writes them as JSON.
+With ``--which winner,defaults`` (issue 27), instead of each engine's best: the winner of
+the profile given and the engine defaults' trial, the winner first.
 
     python engines_crosscheck.py /tmp/qt/eng.log --slo ttft_p99=1000,tpot_p99=30 \\
         --input-len 1024 --output-len 256 --json /tmp/qt/crosscheck.json
@@ -50,22 +52,47 @@ COUNTERS = {"vllm": ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
             "sglang": ("sglang:cached_tokens", "sglang:prompt_tokens")}
 
 
+def _study(journal: str) -> optuna.Study:
+    storage = JournalStorage(JournalFileBackend(journal))
+    return optuna.load_study(study_name=optuna.get_all_study_names(storage)[0],
+                             storage=storage)
+
+
+def engine_of(t: optuna.trial.FrozenTrial) -> str | None:
+    """A trial's engine: a study of one engine marks none, its command says it."""
+    argv = t.user_attrs.get("argv") or []
+    return t.user_attrs.get("engine") or next(
+        (e for e in COUNTERS if any(x.startswith(e + ".") for x in argv[1:3])), None)
+
+
 def best_trials(journal: str) -> dict[str, optuna.trial.FrozenTrial]:
     """Each engine's completed trial with the highest capacity."""
-    storage = JournalStorage(JournalFileBackend(journal))
-    study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0],
-                              storage=storage)
     best: dict[str, optuna.trial.FrozenTrial] = {}
-    for t in study.trials:
-        argv = t.user_attrs.get("argv") or []
-        # a study of one engine marks no trial's engine: its command says it
-        eng = t.user_attrs.get("engine") or next(
-            (e for e in COUNTERS if any(x.startswith(e + ".") for x in argv[1:3])), None)
+    for t in _study(journal).trials:
+        eng = engine_of(t)
         if t.state != optuna.trial.TrialState.COMPLETE or t.value is None or not eng:
             continue
         if eng not in best or t.value > (best[eng].value or 0.0):
             best[eng] = t
     return best
+
+
+def targets(journal: str, which: str,
+            profile: Path | None) -> list[tuple[str, optuna.trial.FrozenTrial]]:
+    """(label, trial) to cross-check, in order: each engine's best, the higher
+    capacity first; or the profile's winner, then the engine defaults."""
+    if which == "engines":
+        return sorted(best_trials(journal).items(), key=lambda kv: -(kv[1].value or 0.0))
+    import yaml
+
+    trials = _study(journal).trials
+    won = int(yaml.safe_load(profile.read_text())["study"]["trial"]) if profile else None
+    base = next((t for t in trials if t.user_attrs.get("baseline")
+                 and t.state == optuna.trial.TrialState.COMPLETE), None)
+    out = [("winner", t) for t in trials if t.number == won]
+    if base is not None and base.number != won:
+        out.append(("defaults", base))
+    return out
 
 
 def counters(url: str, names: tuple[str, str]) -> tuple[float, float] | None:
@@ -133,22 +160,26 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=160)
     ap.add_argument("--engines", default="", help="only these (comma-separated)")
+    ap.add_argument("--which", default="engines", choices=("engines", "winner,defaults"),
+                    help="each engine's best, or the profile's winner and the defaults")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="with --which winner,defaults: the profile naming the winner")
     ap.add_argument("--json", type=Path, required=True)
     a = ap.parse_args()
     slo = {k: float(v) for k, v in (x.split("=") for x in a.slo.split(","))}
     work = a.json.parent
     done: dict[str, Any] = json.loads(a.json.read_text()) if a.json.exists() else {}
-    # the higher capacity first: the study's answer is checked even if time runs out
-    ranked = sorted(best_trials(a.journal).items(), key=lambda kv: -(kv[1].value or 0.0))
-    for seed, (eng, t) in enumerate(ranked, start=7001):
-        if (a.engines and eng not in a.engines.split(",")) or eng in done:
+    # the study's answer first: it is checked even if time runs out
+    for seed, (label, t) in enumerate(targets(a.journal, a.which, a.profile), start=7001):
+        eng = engine_of(t) or "vllm"
+        if (a.engines and eng not in a.engines.split(",")) or label in done:
             continue
         summary = t.user_attrs.get("summary") or {}
         cap = summary.get("capacity") or {}
         steps = cap.get("steps") or []
         held = [s for s in steps if s["ok"] and s["load"] == cap.get("value")]
         if not cap.get("found") or not held:
-            print(f"{eng}: trial {t.number} has no capacity to cross-check", flush=True)
+            print(f"{label}: trial {t.number} has no capacity to cross-check", flush=True)
             continue
         rate, n = float(cap["value"]), int(held[-1]["requests"])
         argv, env = list(t.user_attrs["argv"]), dict(t.user_attrs.get("env") or {})
@@ -159,10 +190,10 @@ def main() -> int:
         # script; the guard's `python -m qtune.guard` finds qtune from the repo, the cwd)
         spec = LaunchSpec(argv=tuple(argv), env=env, host="127.0.0.1",
                           port=int(argv[argv.index("--port") + 1]), served_model=name)
-        with Server(spec, work / f"x-{eng}-server.log") as srv:
+        with Server(spec, work / f"x-{label}-server.log") as srv:
             ready = srv.wait_ready(900)
             url = spec.base_url
-            print(f"{eng}: trial {t.number} ready after {ready:.0f} s; "
+            print(f"{label}: trial {t.number} ready after {ready:.0f} s; "
                   f"its client at {rate:g} req/s, {n} requests", flush=True)
             before = counters(url, COUNTERS[eng])
             bench = vllm_bench if eng == "vllm" else sglang_bench
@@ -177,11 +208,12 @@ def main() -> int:
         r["served_share"] = r["req_s"] / rate
         qt = {k: held[-1].get(k) for k in ("ttft_p99", "tpot_p99", "e2e_p99", "throughput",
                                             "requests", "prefix_cache_hit_rate")}
-        done[eng] = {"trial": t.number, "baseline": bool(t.user_attrs.get("baseline")),
-                     "params": t.user_attrs.get("launch_params"), "capacity": rate,
-                     "requests": n, "startup_s": ready, "engine_client": r, "qtune": qt}
+        done[label] = {"engine": eng, "trial": t.number,
+                       "baseline": bool(t.user_attrs.get("baseline")),
+                       "params": t.user_attrs.get("launch_params"), "capacity": rate,
+                       "requests": n, "startup_s": ready, "engine_client": r, "qtune": qt}
         a.json.write_text(json.dumps(done, indent=2))
-        print(f"{eng}: engine client {r['req_s']:.2f} req/s, TTFT p99 {r['ttft_p99']:.0f} ms, "
+        print(f"{label}: engine client {r['req_s']:.2f} req/s, TTFT p99 {r['ttft_p99']:.0f} ms, "
               f"TPOT p99 {r['tpot_p99']:.1f} ms, E2E p99 {r['e2e_p99']:.0f} ms, "
               f"failed {r['failed']}, prompt tokens/req "
               f"{(r['prompt_tokens'] or 0) / max(1, r['completed']):.0f}, "

@@ -1,0 +1,84 @@
+#!/bin/bash
+# A verified capacity answer within 30 GPU-minutes (issue 27) on the lent H200: runs on the
+# device machine from the repo copy.  Usage:
+#   trialcost_run.sh copy N   copy the carried vLLM part .vwheels/pN to /tmp/wh/v
+#   trialcost_run.sh start    copy the last part (.vwheels/p$LAST; carry all.sha and .qwheels),
+#                             join and check the set, install it into a venv that sees the
+#                             image's torch 2.11 after its own packages, then run in the
+#                             background (setsid): the issue's study as a user types it, with
+#                             --time-budget 20 (default space: lossless on random weights),
+#                             its report and emitted files, then the winner's and the engine
+#                             defaults' capacities measured again by vLLM's own client on fresh
+#                             starts (engines_crosscheck.py --which winner,defaults); wait
+#   trialcost_run.sh wait     wait for the background chain
+# pack_vllm_parts.sh builds .vwheels/ from vLLM 0.26.0's list and recipes/qtune_wheels.txt.
+# Each call copies what exists into $OUT (run.tgz with the journal, logs and outputs), so a
+# call cut short loses only its own part.
+set -u
+. "$(dirname "$0")/chain_lib.sh"
+export PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 VLLM_NO_USAGE_STATS=1
+unset PYTHONPATH
+Q=/tmp/qt; mkdir -p $Q /tmp/wh/v
+T_CALL=$(date +%s)
+case "$1" in
+copy)
+  cp .vwheels/p$2/* /tmp/wh/v/ && ls /tmp/wh/v | tr '\n' ' ' && nvidia-smi -L; exit 0 ;;
+start)
+  date +%s > $Q/t0; REPO=$PWD
+  rm -rf /tmp/qrepo && mkdir -p /tmp/qrepo && cp -r qtune examples benchmarks pyproject.toml \
+    /tmp/qrepo/ && mkdir -p /tmp/qrepo/studies /tmp/qrepo/profiles
+  cp .vwheels/p${LAST:-7}/* /tmp/wh/v/ || exit 3
+  t=$(date +%s)
+  IMAGE_SITE=$(python3 -c "import site; print(site.getsitepackages()[0])")
+  join_parts /tmp/wh/v $REPO/.vwheels/all.sha; cd /tmp/wh/v
+  venv=/tmp/venv-vllm
+  python3 -m venv --without-pip $venv || exit 3
+  SP=$($venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  echo "import site; site.addsitedir('$IMAGE_SITE')" > $SP/zz-image-site.pth
+  # .qwheels (carried with the last part): qtune's CLI stack at the versions CI tests
+  # (typer, click, rich and theirs), over whatever the image holds
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SP \
+    /tmp/wh/v/w/*.whl $REPO/.qwheels/*.whl 2>&1 | tail -3
+  xz -dc vllm-tree.tar.xz | tar xf - -C $SP
+  echo "install_s=$(( $(date +%s)-t ))"
+  cd /tmp/qrepo
+  $venv/bin/python -c "import vllm, torch, optuna; print('vllm', vllm.__version__, 'torch', torch.__version__, 'optuna', optuna.__version__)" 2>&1 | grep -v -i warn | tail -1
+  $venv/bin/python -m qtune probe > $Q/probe.txt 2>&1; echo "probe rc=$?"
+  nvidia-smi -L
+  echo "SEARCH_ARGS='${SEARCH_ARGS:---trials 8 --time-budget 20}'; CROSSCHECK=${CROSSCHECK:-1}; REPO=$REPO" > $Q/chain.sh
+  cat >> $Q/chain.sh <<'EOC'
+cd /tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-vllm/bin/python
+s=$(date +%s)
+# issue 27's command, as a user types it (--time-budget 20 so that it fits one lease)
+$PY -m qtune search --model examples/qwen3-4b --input-len 1024 --output-len 256 \
+  --objective capacity --slo 'ttft_p99<=500ms,tpot_p99<=20ms' --rate 16 --requests 400 \
+  --warmup 160 --seed 7 $SEARCH_ARGS \
+  --storage journal:///tmp/qt/study.log --study h200-trialcost --out $Q/h200-trialcost.yaml \
+  --json > $Q/search.json 2> $Q/search.err
+echo "search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
+for f in systemd compose kubernetes; do
+  $PY -m qtune emit $Q/h200-trialcost.yaml --format $f -o $Q/emit-$f > $Q/emit-$f.out 2>&1
+  echo "emit $f rc=$?" >> $Q/chain.log
+done
+$PY -m qtune report h200-trialcost --storage journal:///tmp/qt/study.log --html $Q/report.html \
+  --csv $Q/trials.csv > $Q/report.txt 2>&1
+echo "report rc=$?" >> $Q/chain.log
+if [ "$CROSSCHECK" = 1 ]; then
+  cp -r $REPO/benchmarks /tmp/qrepo/  # the scripts as of the latest call
+  s=$(date +%s)
+  $PY benchmarks/gpu-h200/recipes/engines_crosscheck.py /tmp/qt/study.log \
+    --which winner,defaults --profile $Q/h200-trialcost.yaml --slo ttft_p99=500,tpot_p99=20 \
+    --json $Q/crosscheck.json > $Q/crosscheck.log 2>&1
+  echo "crosscheck rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
+fi
+touch $Q/DONE
+EOC
+  start_chain
+  ;;
+esac
+wait_chain
+for f in h200-trialcost.yaml search.json crosscheck.json report.txt; do
+  [ -f $Q/$f ] && cp $Q/$f $OUT/; done
+cat $Q/search.err $Q/emit-*.out $Q/chain.out $Q/crosscheck.log 2>/dev/null > $OUT/console.txt
+tar czf $OUT/run.tgz -C /tmp/qrepo studies -C $Q --exclude='./*.jsonl' . 2>/dev/null
+tail -c 3500 $Q/search.err 2>/dev/null; tail -c 1500 $Q/crosscheck.log 2>/dev/null

@@ -1,0 +1,78 @@
+"""The time budget plans the confirmation from the first measured trial on
+(issue 27, item 5): the search stops launching early enough for it, and
+without flags that fix it, it is sized to fit the budget."""
+
+from __future__ import annotations
+
+import time
+
+import optuna
+
+from qtune.search.budget import CONFIRM_SHARE, costs, over_budget, plan_confirmation
+from qtune.search.config import TuneConfig
+from qtune.search.records import Attr
+
+
+def _study(trials: list[tuple[float, float, float]]) -> optuna.Study:
+    """(total_s, startup_s, re-measure probe s) per measured capacity trial,
+    the first the engine defaults' (probes of 40 s)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    st = optuna.create_study(direction="maximize")
+    for i, (total, start, probe) in enumerate(trials):
+        steps = [{"elapsed_s": 40.0}, {"elapsed_s": 40.0},
+                 {"elapsed_s": probe, "remeasure": True}]
+        st.add_trial(optuna.trial.create_trial(value=1.0, user_attrs={
+            Attr.STATUS: "ok", Attr.TOTAL_S: total, Attr.STARTUP_S: start,
+            **({Attr.BASELINE: True} if i == 0 else {}),
+            Attr.SUMMARY: {"capacity": {"found": True, "at_value": {"elapsed_s": probe},
+                                        "steps": steps}}}))
+    return st
+
+
+def test_costs_leave_the_cold_first_start_out():
+    st = _study([(480, 200, 60), (130, 70, 58), (150, 80, 62)])
+    c = costs(st)
+    assert c.start_s == 75 and c.trial_s == 140 and c.run_s == 60
+    assert c.confirm_run_s == 135
+
+
+def test_before_any_trial_after_the_defaults_a_trial_is_a_start_and_two_probes():
+    """The defaults' whole capacity search (here 8 min) is no later trial's
+    cost: with a floor a config costs a start and a probe or two.  (The CPU
+    smoke study stopped after the defaults alone, taking 5 min per trial.)"""
+    c = costs(_study([(480, 200, 60)]))
+    assert c.trial_s == 200 + 2 * 40
+
+
+def test_the_confirmation_is_sized_to_the_budget():
+    """H200, issue 27: a 20-minute budget, starts of ~75 s and a confirmation
+    probe of ~60 s: the defaults' 3 x 2 plan (8 fresh starts, 18 min) cannot
+    fit; the best config and the defaults once each (4.5 min) do."""
+    st = _study([(480, 200, 60), (130, 70, 58), (150, 80, 62)])
+    cfg = TuneConfig(time_budget=20 * 60)
+    p = plan_confirmation(cfg, st, "maximize", candidates=3)
+    assert (p.top, p.repeats) == (1, 1) and p.seconds == 2 * 135
+    assert p.seconds <= CONFIRM_SHARE * cfg.time_budget and "sized to the time budget" in p.why
+    # a budget large enough keeps the flags' size
+    big = plan_confirmation(TuneConfig(time_budget=4 * 3600), st, "maximize", 3)
+    assert (big.top, big.repeats, big.why) == (3, 2, "")
+    # flags given explicitly are kept, whatever they cost
+    fixed = plan_confirmation(TuneConfig(time_budget=20 * 60, confirm_top=2, confirm_repeats=2,
+                                         confirm_fixed=True), st, "maximize", 3)
+    assert (fixed.top, fixed.repeats) == (2, 2)
+    # no confirmation for a Pareto front, or with --confirm-top 0
+    assert plan_confirmation(cfg, st, "pareto", 3).runs == 0
+    assert plan_confirmation(TuneConfig(confirm_top=0), st, "maximize", 3).runs == 0
+
+
+def test_the_search_stops_early_enough_to_pay_the_confirmation():
+    st = _study([(480, 200, 60), (130, 70, 58), (150, 80, 62)])
+    cfg = TuneConfig(time_budget=20 * 60)
+    plan = plan_confirmation(cfg, st, "maximize", 3)
+    now = time.monotonic()
+    # 12 minutes in: a trial (140 s) and the reserve (270 s) still fit in 8
+    assert over_budget(cfg, st, now - 12 * 60, plan) is None
+    # 14 minutes in: they do not (410 s > 360 s)
+    why = over_budget(cfg, st, now - 14 * 60, plan)
+    assert why is not None and "kept for the confirmation" in why
+    assert over_budget(TuneConfig(), st, now - 10**6, plan) is None  # no budget

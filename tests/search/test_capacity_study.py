@@ -1,0 +1,108 @@
+"""A capacity study end to end with a stand-in engine whose capacity is
+known (a batch limit of N streams: N / (tokens x delay) requests per
+second): after the engine defaults, a config that cannot beat the best
+capacity so far costs one probe (issue 27), one that can is searched upward
+from it, and the confirmation re-measures each at its capacity on a fresh
+start."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qtune.engines import ENGINES
+from qtune.engines.base import LaunchSpec, Param, SpaceContext
+from qtune.host.installed import EngineInstall, InstalledEngines
+from qtune.load.workload import Workload
+from qtune.objectives import parse_slo
+from qtune.search import tune
+from qtune.search.config import TuneConfig
+from tests.fakes.engine import FakeEngine
+
+ROOT = Path(__file__).parent.parent.parent
+pytestmark = pytest.mark.slow  # each study starts its fake servers and probes for seconds
+
+
+class SlotsEngine(FakeEngine):
+    """The fake engine with a batch limit: ``slots`` streams at once, 4 by
+    default (its defaults' capacity: 4 / (10 x 20 ms) = 20 req/s)."""
+
+    name = "slots"
+
+    def space(self, ctx: SpaceContext) -> list[Param]:
+        return [Param("slots", "int", low=1, high=6)]
+
+    def baseline(self, ctx: SpaceContext) -> tuple[dict[str, Any], str | None]:
+        return {"slots": 4}, None
+
+    def launch_spec(self, params: Mapping[str, Any], ctx: SpaceContext, *, host: str,
+                    port: int) -> LaunchSpec:
+        spec = super().launch_spec({"delay_ms": 20}, ctx, host=host, port=port)
+        return dataclasses.replace(spec, argv=(*spec.argv, "--slots",
+                                               str(params.get("slots", 4))))
+
+
+@pytest.fixture
+def slots(monkeypatch, cpu_host, tmp_path):
+    import qtune.search.inputs as search
+
+    monkeypatch.setitem(ENGINES, "slots", SlotsEngine())
+    host = dataclasses.replace(cpu_host, engines=InstalledEngines(
+        sys.executable, [EngineInstall("slots", "1.0", "cpu", sys.executable)]))
+    monkeypatch.setattr(search, "probe", lambda **kw: host)
+    return TuneConfig(
+        engine="slots", trials=2, seed=3, sampler="random", objective="capacity",
+        slo=parse_slo("e2e_p99<=600ms"), capacity_window=2.0,
+        workload=Workload(input_len=8, output_len=10, rate=5, requests=10,
+                          warmup_requests=4),
+        studies_dir=tmp_path / "studies", profiles_dir=tmp_path / "profiles",
+        study="cap", confirm_top=1, confirm_repeats=1, startup_timeout=60)
+
+
+def _space(tmp_path: Path, slots: int) -> Path:
+    p = tmp_path / "space.yaml"
+    p.write_text(f"slots: [{slots}]\n")
+    return p
+
+
+def test_a_config_that_cannot_beat_the_defaults_costs_one_probe(slots, tmp_path):
+    res = tune(dataclasses.replace(slots, space_file=_space(tmp_path, 1)))
+    base, worse = res.trials
+    assert base.baseline and base.status == "ok" and base.value >= 10
+    cap = base.summary["capacity"]
+    assert cap["found"] and len(cap["steps"]) >= 3
+    # slots 1 holds a quarter of the defaults' capacity: one probe, at the
+    # defaults' capacity, over their window, and nothing else measured
+    assert worse.status == "pruned" and worse.reason == "below_incumbent"
+    steps = worse.partial_summary["capacity"]["steps"]
+    assert len(steps) == 1 and steps[0]["load"] == base.value
+    assert f"trial {base.number}" in worse.detail and "cannot win" in worse.detail
+    assert worse.measure_s <= 0.4 * base.measure_s, (worse.measure_s, base.measure_s)
+    # the winner stays the defaults (nothing else to confirm against)
+    assert res.best.number == base.number and res.improvement == 1.0
+    assert res.pruning["below_incumbent"] == 1 and res.pruning["probes"] == len(cap["steps"]) + 1
+
+
+def test_a_config_that_holds_the_incumbent_is_searched_upward(slots, tmp_path):
+    res = tune(dataclasses.replace(slots, space_file=_space(tmp_path, 6), study="up"))
+    base, better = res.trials
+    assert better.status == "ok" and better.value > base.value
+    steps = better.summary["capacity"]["steps"]
+    assert steps[0]["load"] == base.value and steps[0]["ok"]  # the floor first
+    assert min(st["load"] for st in steps) >= base.value
+    assert res.best.number == better.number
+    assert res.improvement is not None and res.improvement > 1.0
+    # The confirmation: the winner holds its capacity again on a fresh start,
+    # and the defaults, asked to hold it too, do not: the gain is separated.
+    conf = res.profile.metrics["confirmation"]
+    won, defaults = conf[str(better.number)], conf[str(base.number)]
+    assert won["fresh"] == [better.value] and not won["failures"]
+    assert defaults["load"] == better.value and defaults["failures"] == 1
+    assert not defaults["fresh"] and "did not hold on a fresh start" in defaults["runs"][0]
+    obj = res.profile.metrics["objective"]
+    assert obj["separated"] is True and obj["interval"][0] > 1.0
