@@ -31,8 +31,8 @@ The *full* procedure is the one before issue 27 (double from the start load,
 no floor, no early stop), kept to measure the fast one against
 (``benchmarks/capacity_fast_vs_full.py``).
 
-``confirm_capacity`` is the confirmation's probe: one sustained probe at a
-capacity found earlier, on a fresh start.
+``CapacityPlan(confirm=True)`` is the confirmation's probe: one sustained
+probe at a capacity found earlier, on a fresh start.
 """
 
 from __future__ import annotations
@@ -481,11 +481,14 @@ class _Search:
                            decided=decided)
 
     def confirm(self) -> CapacityResult:
-        """One sustained probe at a capacity found before (twice the window,
-        fresh prompts): held or not, nothing searched."""
+        """One sustained probe at a capacity found before, over the probe
+        window (ten service times at least), with fresh prompts: held or
+        not, nothing searched.  The search re-measured its answer over twice
+        the window because it picked that load out of several probes (a lucky
+        pass); a fresh start is an independent run, so one window decides."""
         x = self.plan.floor
         assert x is not None  # CapacityPlan checks it
-        held = self.probe(x, scale=2.0)
+        held = self.probe(x)
         last = self.b.probes[-1]
         if held:
             return self.result(found=True, value=x, at_value=last,

@@ -28,6 +28,7 @@ from qtune.search.records import Attr, TrialStatus
 # trials of about three minutes in a 20-minute budget, while leaving most of
 # the budget to the search.
 CONFIRM_SHARE = 0.3
+FIRST_START_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -82,15 +83,21 @@ def costs(study: optuna.Study) -> Costs:
         if a.get(Attr.STATUS) != TrialStatus.OK or Attr.SERVER_OF in a:
             continue
         cap = (a.get(Attr.SUMMARY) or {}).get("capacity") or {}
-        at = cap.get("at_value") or {}
         probes += [float(st["elapsed_s"]) for st in cap.get("steps") or []
                    if st.get("elapsed_s") and not st.get("remeasure")]
-        if at.get("elapsed_s"):
-            runs.append(float(at["elapsed_s"]))  # a capacity's re-measure probe
-        elif not cap and a.get(Attr.MEASURE_S):
+        if not cap and a.get(Attr.MEASURE_S):
             runs.append(float(a[Attr.MEASURE_S]))
-    start = _median(starts[1:] if len(starts) > 1 else starts)
-    run = _median(runs)
+    if len(starts) > 1:
+        start = _median(starts[1:])
+    else:
+        # Only the first start is known, and it paid one-time costs (the
+        # compile, kernel JIT and autotuning that caches keep for later
+        # starts): on one H200 first starts took 165-247 s and later ones
+        # 60-120 s.  Half of it, but not less than a minute, until a second
+        # start is measured.
+        start = min(_median(starts), max(60.0, FIRST_START_SHARE * _median(starts)))
+    # a capacity's confirmation is one probe of the search's window
+    run = _median(probes) if probes else _median(runs)
     trial = _median(totals) if totals else \
         start + (2 * _median(probes) if probes else run)
     return Costs(start_s=start, run_s=run, trial_s=trial)
