@@ -222,7 +222,10 @@ def measure(
     return s
 
 
-def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, Any]:
+def endpoint_header(cfg: BenchConfig) -> tuple[dict[str, Any], list[str]]:
+    """What ``qtune bench`` reports before measuring: the endpoints (masked),
+    their served models, the workload and SLO; fills ``cfg.tokenizer`` once,
+    before any phase (never a /tokenize during one)."""
     models: list[str] = []
     roots: list[str | None] = []
     for url in cfg.urls:
@@ -246,11 +249,14 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
     }
     if tokenizer_warning:
         out["tokenizer_warning"] = tokenizer_warning
-    if cfg.find_capacity:
-        from qtune.capacity import find_capacity
+    return out, models
 
-        out["capacity"] = find_capacity(cfg.urls[0], models[0], cfg, progress).to_dict()
-        return out
+
+def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Measure each endpoint ``cfg.repeat`` times, interleaved, with medians
+    and intervals when repeated and a ratio when two are compared (a
+    capacity search is ``qtune.capacity.run_capacity``)."""
+    out, models = endpoint_header(cfg)
     runs: list[list[dict[str, Any]]] = [[] for _ in cfg.urls]
     for rep in range(cfg.repeat):
         # Interleave endpoints (ABAB...) so drift spreads over both.

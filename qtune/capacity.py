@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from qtune.bench import KEY_METRICS, BenchConfig, falls_behind, measure
+from qtune.bench import KEY_METRICS, BenchConfig, endpoint_header, falls_behind, measure
 from qtune.errors import InputError
 from qtune.metrics import certain_failure, metric_value, slo_bounds
 from qtune.objectives import SLO
@@ -521,3 +521,12 @@ def find_capacity(url: str, model: str, cfg: BenchConfig,
         assert start is not None  # a workload has a rate or a concurrency
         plan = CapacityPlan(start=start, tolerance=cfg.capacity_tolerance)
     return _Search(url, model, cfg, plan, progress, measure_fn).run()
+
+
+def run_capacity(cfg: BenchConfig, progress: Callable[[str], None] | None = None
+                 ) -> dict[str, Any]:
+    """``qtune bench --find-capacity``: the endpoint's header, then the
+    capacity search on the first endpoint."""
+    out, models = endpoint_header(cfg)
+    out["capacity"] = find_capacity(cfg.urls[0], models[0], cfg, progress).to_dict()
+    return out

@@ -482,7 +482,12 @@ def bench(
                       gauge_interval=default_gauge_interval() if gauge_interval is None
                       else gauge_interval or None, reset_cache=reset_prefix_cache)
     with console.Status() as status:
-        res = run_bench(cfg, progress=status.update)
+        if find_capacity:
+            from qtune.capacity import run_capacity
+
+            res = run_capacity(cfg, progress=status.update)
+        else:
+            res = run_bench(cfg, progress=status.update)
     if csv is not None:
         from qtune.files import write_atomic
 

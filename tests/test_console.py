@@ -65,7 +65,8 @@ def test_an_overloaded_trial_says_so_beside_its_figures(monkeypatch):
     rec = SimpleNamespace(status="ok", server_of=None, total_s=112.0, baseline=False,
                           load_level=None, params={"max_running_requests": 53},
                           feasible=True, value=11399.1, values=None, summary=summary,
-                          startup_s=65.0, quality=None, number=1, reason=None, detail=None)
+                          startup_s=65.0, quality=None, number=1, reason=None, detail=None,
+                          start_phases=None)
     rep = console.SearchReporter("e2e_p99")  # not entered: no live status line
     rep.trial_done(rec, rec)
     text = " ".join(buf.getvalue().split())
