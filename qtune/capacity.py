@@ -121,6 +121,15 @@ class CapacityPlan:
     confirm: bool = False
     # The study's name for the floor, for the result's words ("trial 3").
     floor_of: str | None = None
+    # time.monotonic() by which the search must end (--time-budget less the
+    # confirmation's reserve): after the first probe, no probe starts that
+    # would end past it; the search then keeps the highest load that held,
+    # with its bracket, unre-measured (the confirmation measures it again on
+    # a fresh start).  On one H200 the launch gate priced a later trial at a
+    # winner's 5.0 min and launched nothing more, where a losing trial costs
+    # a start and one probe (98 + 33 s): with a deadline a winner cannot
+    # overrun, so the gate prices the loser.
+    deadline: float | None = None
 
     def __post_init__(self) -> None:
         if self.procedure not in (FAST, FULL):
@@ -334,6 +343,31 @@ class _Search:
                     self.window_known = True
         return ok
 
+    # -- the time budget --------------------------------------------------
+
+    def out_of_time(self, scale: float = 1.0) -> bool:
+        """Whether a probe of ``scale`` windows would end past the plan's
+        deadline (priced as the longest probe so far, or the window)."""
+        if self.plan.deadline is None or not self.b.probes:
+            return False
+        typical = max([p.elapsed_s for p in self.b.probes if not p.remeasure] or [0.0])
+        expected = max(typical, self.window if self.by_rate else 0.0) * scale
+        return time.monotonic() + expected > self.plan.deadline
+
+    def timed_out(self, lo: float | None, hi: float | None) -> CapacityResult:
+        """The result when the deadline stops the search: the highest load
+        that held, not re-measured, with the bracket as far as it got."""
+        if lo is None:
+            return self.result(found=False, bracket=(None, hi),
+                               reason="the time budget ran out before a load held"
+                               + (f" (last failed {hi:g})" if hi is not None else ""))
+        held = next(p for p in reversed(self.b.probes) if p.held and p.load == lo)
+        return self.result(found=True, value=lo, bracket=(lo, hi), at_value=held,
+                           decided=f"{lo:g} {self.unit} held once"
+                           + (f", {hi:g} did not" if hi is not None else ""),
+                           note="stopped by the time budget: not narrowed or re-measured "
+                           "(the confirmation measures it again on a fresh start)")
+
     # -- the procedure ----------------------------------------------------
 
     def used(self, load: float) -> float | None:
@@ -387,7 +421,7 @@ class _Search:
     def bisect(self, lo: float, hi: float) -> tuple[float, float]:
         """Narrow [lo, hi) (lo held, hi did not) to the tolerance."""
         for _ in range(self.cfg.capacity_steps):
-            if self.narrow_enough(lo, hi):
+            if self.narrow_enough(lo, hi) or self.out_of_time():
                 break
             m = self.mid(lo, hi)
             if self.probe(m):
@@ -424,6 +458,8 @@ class _Search:
             x = plan.start if self.by_rate else float(max(1, int(plan.start)))
         # Bracket: up while the SLO holds, down while it does not.
         for _ in range(12):
+            if self.out_of_time():
+                return self.timed_out(lo, hi)
             if self.probe(x):
                 lo = x
                 if hi is not None:
@@ -443,6 +479,8 @@ class _Search:
                                note="SLO still met at the highest load tried",
                                decided=f"held at every load tried, up to {lo:g} {self.unit}")
         lo, hi = self.bisect(lo, hi)
+        if self.out_of_time(scale=2.0):
+            return self.timed_out(lo, hi)
         return self.remeasure(lo, hi)
 
     def remeasure(self, lo: float, hi: float) -> CapacityResult:
@@ -457,7 +495,9 @@ class _Search:
         last pass below, 20, with a bracket [20, 30) five times the
         tolerance."""
         last: Probe | None = None
-        for _ in range(5):
+        for attempt in range(5):
+            if attempt and self.out_of_time(scale=2.0):
+                return self.timed_out(self.b.held_below(hi), hi)
             if self.probe(lo, scale=2.0):
                 last = self.b.probes[-1]
                 break

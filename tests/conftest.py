@@ -21,6 +21,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     PostgreSQL and no process of seconds; the README's test command runs it
     first, and CI runs it again on the declared dependency floors."""
     for item in items:
+        # A test that needs the real PostgreSQL (directly or through another
+        # fixture) is in the pg tier whatever its module says.
+        if "postgres" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.pg)
         if not any(item.get_closest_marker(m) for m in _HEAVY):
             item.add_marker(pytest.mark.fast)
 

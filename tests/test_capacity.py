@@ -283,3 +283,22 @@ def test_a_held_load_near_the_limits_is_bisected_one_tolerance_up():
     assert loads[:3] == [4, 5.0, 6.25]  # 4 held near the limit: 1.25x, then 1.25x again
     assert cap.found and cap.value == 5.0 and cap.bracket == (5.0, 5.5)
     assert loads[3] == pytest.approx(5.5) and len(loads) == 5  # and the re-measure
+
+
+def test_the_time_budget_stops_a_search_with_what_held():
+    """A deadline (--time-budget less the confirmation's reserve) ends the
+    search before a probe that would overrun it: the highest load that held
+    is kept, unre-measured, and says so; the first probe always runs."""
+    import time
+
+    soon = CapacityPlan(start=4, floor=20, window_s=20.0, deadline=time.monotonic() + 5)
+    cap, fn = run(lambda rate, n: rate <= 27, plan=soon)
+    assert len(fn.calls) == 1 and cap.found and cap.value == 20
+    assert cap.bracket == (20, None) and "time budget" in cap.note
+    # nothing held yet: no capacity, and why
+    cap, fn = run(lambda rate, n: False, plan=CapacityPlan(start=4, deadline=time.monotonic()))
+    assert len(fn.calls) == 1 and not cap.found and "time budget" in cap.reason
+    # room enough: the whole search, re-measure included
+    far = CapacityPlan(start=4, floor=20, window_s=20.0, deadline=time.monotonic() + 3600)
+    cap, fn = run(lambda rate, n: rate <= 27, plan=far)
+    assert cap.found and cap.note is None and any(p.remeasure for p in cap.probes)

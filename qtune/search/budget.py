@@ -34,12 +34,21 @@ FIRST_START_SHARE = 0.5
 @dataclass(frozen=True)
 class Costs:
     """What the study measured so far: the median start, the median
-    measurement a confirmation run repeats, and a typical trial's wall
-    time."""
+    measurement a confirmation run repeats, a typical trial's wall time,
+    and the price of the next launch (``next_s``)."""
 
     start_s: float
     run_s: float
     trial_s: float
+    # A capacity study with a floor: a start and one probe, what a config
+    # below the incumbent costs (a trial that holds the floor is searched
+    # until the deadline, ``search_deadline``, so it cannot overrun).
+    capacity: bool = False
+
+    @property
+    def next_s(self) -> float:
+        """What the launch gate prices the next trial at."""
+        return self.start_s + self.run_s if self.capacity else self.trial_s
 
     @property
     def confirm_run_s(self) -> float:
@@ -100,7 +109,7 @@ def costs(study: optuna.Study) -> Costs:
     run = _median(probes) if probes else _median(runs)
     trial = _median(totals) if totals else \
         start + (2 * _median(probes) if probes else run)
-    return Costs(start_s=start, run_s=run, trial_s=trial)
+    return Costs(start_s=start, run_s=run, trial_s=trial, capacity=bool(probes))
 
 
 def plan_confirmation(cfg: TuneConfig, study: optuna.Study, direction: str,
@@ -141,10 +150,19 @@ def over_budget(cfg: TuneConfig, study: optuna.Study, started: float,
         return None
     c = costs(study)
     left = cfg.time_budget - (time.monotonic() - started)
-    if c.trial_s + reserve.seconds <= left:
+    if c.next_s + reserve.seconds <= left:
         return None
     why = (f"time budget: {cfg.time_budget / 60:.0f} min, a trial takes "
-           f"~{c.trial_s / 60:.1f} min")
+           f"~{c.next_s / 60:.1f} min" + (" (a start and one probe)" if c.capacity else ""))
     if reserve.seconds:
         why += f", and {reserve.seconds / 60:.1f} min are kept for the confirmation"
     return why
+
+
+def search_deadline(cfg: TuneConfig, started: float,
+                    reserve: ConfirmationPlan) -> float | None:
+    """When (``time.monotonic()``) a trial's capacity search must end: the
+    budget less the confirmation's reserve (None: no budget)."""
+    if cfg.time_budget is None:
+        return None
+    return started + cfg.time_budget - reserve.seconds

@@ -17,7 +17,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from qtune.engines.base import LoadView
 from qtune.errors import StudyError, mask_url
 from qtune.search import fleet
-from qtune.search.budget import ConfirmationPlan, costs, over_budget, plan_confirmation
+from qtune.search.budget import (
+    ConfirmationPlan,
+    costs,
+    over_budget,
+    plan_confirmation,
+    search_deadline,
+)
 from qtune.search.choice import design_point, qualified, suggest
 from qtune.search.config import TuneConfig
 from qtune.search.inputs import Prepared, prepare
@@ -95,7 +101,8 @@ def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
                 base_params, note = sub.engine.baseline(sub.ctx)
                 _run_unsampled(sub, study, reporter, {**base_params, **sub.fixed},
                                {Attr.BASELINE: True, **engine,
-                                **({Attr.BASELINE_NOTE: note} if note else {})})
+                                **({Attr.BASELINE_NOTE: note} if note else {})},
+                               deadline=_deadline(prep, study, started))
         prep = _shape(prep, study, reporter)
         study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
         stop_reason = _run_seeds(prep, study, reporter, started)
@@ -310,6 +317,12 @@ def _over_budget(prep: Prepared, study: optuna.Study, started: float) -> str | N
     return over_budget(prep.cfg, study, started, _confirmation_plan(prep, study))
 
 
+def _deadline(prep: Prepared, study: optuna.Study, started: float) -> float | None:
+    """When a trial's capacity search must end so that the confirmation
+    still fits (``qtune.search.budget.search_deadline``)."""
+    return search_deadline(prep.cfg, started, _confirmation_plan(prep, study))
+
+
 def _confirmation_plan(prep: Prepared, study: optuna.Study) -> ConfirmationPlan:
     feasible = sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                    if TrialRecord.from_frozen(t).feasible
@@ -334,7 +347,8 @@ def _run_seeds(prep: Prepared, study: optuna.Study, reporter: Reporter,
         engine = _engine_attr(prep, sub)
         _run_unsampled(sub, study, reporter, {**point, **sub.fixed},
                        {Attr.SEED: why, Attr.SEED_POINT: point, **engine},
-                       note=f"{sub.engine.name}: {why}" if engine else why)
+                       note=f"{sub.engine.name}: {why}" if engine else why,
+                       deadline=_deadline(prep, study, started))
     return stop_reason
 
 
@@ -395,7 +409,8 @@ def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
             if violations:
                 refuse(study, trial, params, reason, "; ".join(violations), reporter)
                 continue
-            run_trial(sub, study, trial, params, reporter)
+            run_trial(sub, study, trial, params, reporter,
+                      deadline=_deadline(prep, study, started))
     return stop_reason
 
 
@@ -471,7 +486,7 @@ def _speculative(prep: Prepared, study: optuna.Study, reporter: Reporter,
 
 def _run_unsampled(prep: Prepared, study: optuna.Study, reporter: Reporter,
                    params: dict[str, Any], attrs: dict[str, Any],
-                   note: str | None = None) -> None:
+                   note: str | None = None, deadline: float | None = None) -> None:
     """Launch a trial no sampler chose (the baseline, an engine seed).  It is
     queued without params, so that no sampler spends one of its points on it
     (the grid sampler would otherwise assign it a grid cell) or models it;
@@ -496,7 +511,7 @@ def _run_unsampled(prep: Prepared, study: optuna.Study, reporter: Reporter,
                 refuse(study, trial, params, "predicted_oom",
                        "predicted not to fit: " + est.reason, reporter)
                 return
-        run_trial(prep, study, trial, params, reporter)
+        run_trial(prep, study, trial, params, reporter, deadline=deadline)
 
 
 def _learned_refusal(study: optuna.Study, params: dict[str, Any],

@@ -55,9 +55,12 @@ def run_trial(
     trial: optuna.Trial,
     params: dict[str, Any],
     reporter: Reporter,
+    deadline: float | None = None,
 ) -> None:
+    """Launch, measure and tell one trial; ``deadline`` (time.monotonic())
+    is when a capacity search must end (``CapacityPlan.deadline``)."""
     try:
-        lower = _run_trial_inner(prep, study, trial, params, reporter)
+        lower = _run_trial_inner(prep, study, trial, params, reporter, deadline)
         for level, m in lower:
             _add_level_point(prep, study, trial, params, level, m, reporter)
     except BaseException:
@@ -76,6 +79,7 @@ def _run_trial_inner(
     trial: optuna.Trial,
     params: dict[str, Any],
     reporter: Reporter,
+    deadline: float | None = None,
 ) -> list[tuple[float, Measurement]]:
     """Launch, measure, tell.  Returns the --levels points measured on this
     server below the study's load, for the caller to add as trials."""
@@ -91,7 +95,7 @@ def _run_trial_inner(
     # A speculative candidate runs in full: its acceptance rate is what it
     # is for, and it is judged against its base in the phase's A/B.
     candidate = trial.user_attrs.get(Attr.SPEC_OF) is not None
-    plan = capacity_plan(prep, best, baseline or candidate)
+    plan = capacity_plan(prep, best, baseline or candidate, deadline)
     watch = None if baseline or plan or candidate else make_pruner(
         cfg, best.value if best and prep.direction != "pareto" else None)
 
@@ -197,7 +201,7 @@ def _run_trial_inner(
 
 
 def capacity_plan(prep: Prepared, best: TrialRecord | None,
-                  no_floor: bool) -> CapacityPlan | None:
+                  no_floor: bool, deadline: float | None = None) -> CapacityPlan | None:
     """How a capacity trial searches (None: not a capacity study).  After the
     engine defaults, each config is probed first at the best capacity so far,
     over the incumbent's window: one that does not hold there cannot win and
@@ -210,9 +214,11 @@ def capacity_plan(prep: Prepared, best: TrialRecord | None,
     start = float(wl.rate if wl.rate is not None else (wl.concurrency or 1))
     cap = ((best.summary or {}).get("capacity") or {}) if best is not None else {}
     if no_floor or best is None or not cap.get("found") or best.value is None:
-        return CapacityPlan(start=start, tolerance=cfg.capacity_tolerance)
+        return CapacityPlan(start=start, tolerance=cfg.capacity_tolerance,
+                            deadline=deadline)
     return CapacityPlan(start=start, floor=float(best.value), window_s=cap.get("window_s"),
-                        tolerance=cfg.capacity_tolerance, floor_of=f"trial {best.number}")
+                        tolerance=cfg.capacity_tolerance, floor_of=f"trial {best.number}",
+                        deadline=deadline)
 
 
 def confirm_plan(cfg: TuneConfig, r: TrialRecord,

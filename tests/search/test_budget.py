@@ -78,3 +78,26 @@ def test_the_search_stops_early_enough_to_pay_the_confirmation():
     why = over_budget(cfg, st, now - 14.5 * 60, plan)
     assert why is not None and "kept for the confirmation" in why
     assert over_budget(TuneConfig(), st, now - 10**6, plan) is None  # no budget
+
+
+def test_a_capacity_launch_is_priced_as_a_loser_and_its_search_ends_in_time():
+    """Run 12 on one H200: the defaults (cold start 224 s, probes of ~33 s)
+    then one winner (start 98 s, 5.0 min): the gate priced the next trial at
+    the winner's 5.0 min and launched nothing more with 443 s left and 264 s
+    reserved.  A config below the incumbent costs a start and one probe, and
+    one above it stops at the deadline, so the gate prices the loser."""
+    from qtune.search.budget import search_deadline
+
+    st = _study([(498, 224, 60), (296, 98, 60)])
+    c = costs(st)
+    assert c.capacity and c.next_s == c.start_s + c.run_s == 98 + 40
+    cfg = TuneConfig(time_budget=1200)
+    reserve = plan_confirmation(cfg, st, "maximize", candidates=2)
+    assert reserve.seconds == 2 * (98 + 40)
+    started = time.monotonic() - 757
+    assert over_budget(cfg, st, started, reserve) is None  # 138 + 276 <= 443
+    deadline = search_deadline(cfg, started, reserve)
+    assert deadline is not None
+    assert abs(deadline - (started + 1200 - reserve.seconds)) < 1e-6
+    # the gate closes once a loser no longer fits
+    assert "a start and one probe" in over_budget(cfg, st, time.monotonic() - 800, reserve)
