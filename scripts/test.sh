@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up, lint (ruff), type-check (mypy --strict on qtune/), build the docs
-# (mkdocs --strict), then run the whole test suite: fast unit tests plus a few
-# end-to-end tests that start a real vLLM (791 tests: 37 minutes of tests on
-# 2 cores, 41 with the setup, at 3775e1d).
+# (mkdocs --strict), then run the whole test suite in tiers: the fast tier,
+# the fast tier again on the declared dependency floors, then the tests that
+# start real engines, PostgreSQL or other processes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -42,4 +42,15 @@ then
   exit 1
 fi
 rm -rf "$SITE"
-exec .venv/bin/python -m pytest -q "$@"
+# The fast tier first (no real engine, no PostgreSQL, nothing that runs for
+# seconds: tests/conftest.py marks it), so a broken unit fails in minutes;
+# then the same tier on the lowest versions pyproject.toml declares
+# (scripts/floors.sh); then the rest.  --durations prints where the time went.
+.venv/bin/python -m pytest -q -m fast --durations=15 "$@" || {
+  echo "error: scripts/test.sh: the fast tier failed (step: pytest -m fast)" >&2; exit 1; }
+if [ -z "${QTUNE_SKIP_FLOORS:-}" ]; then
+  bash scripts/floors.sh -q --durations=5 "$@" || {
+    echo "error: scripts/test.sh: the fast tier failed on the declared floors" \
+      "(step: scripts/floors.sh; QTUNE_SKIP_FLOORS=1 skips it offline)" >&2; exit 1; }
+fi
+exec .venv/bin/python -m pytest -q -m "not fast" --durations=25 "$@"

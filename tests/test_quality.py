@@ -27,6 +27,10 @@ from qtune.quality import (
     violation,
 )
 
+# Not in the fast tier: quality gates on started fake servers (2-3 s each).
+pytestmark = pytest.mark.slow
+
+
 
 def test_perplexity_is_exp_of_the_mean_negative_logprob_over_all_tokens():
     # Pooled over tokens, not averaged per passage: 3 tokens at -1, -1, -4.

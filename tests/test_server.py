@@ -16,6 +16,10 @@ from qtune.engines.base import LaunchSpec
 from qtune.errors import ServerError
 from qtune.server import Server, free_port
 
+# Not in the fast tier: real process groups started and killed (2-5 s each).
+pytestmark = pytest.mark.slow
+
+
 ROOT = Path(__file__).parent.parent
 
 

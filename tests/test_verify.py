@@ -10,6 +10,10 @@ from qtune.load.workload import Workload
 from qtune.verify import Side, measure_sides
 from tests.fakes.engine import FakeEngine
 
+# Not in the fast tier: verify runs that start fake servers (4-9 s each).
+pytestmark = pytest.mark.slow
+
+
 
 def test_sides_rotate_and_each_repeat_starts_anew(monkeypatch, cpu_ctx, tmp_path):
     monkeypatch.setitem(ENGINES, "fake", FakeEngine())

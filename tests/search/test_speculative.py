@@ -23,6 +23,10 @@ from qtune.search.speculative import decide
 from tests.fakes.engine import FakeEngine
 from tests.search.test_study_fake_engine import fake  # noqa: F401  (fixture)
 
+# Not in the fast tier: speculative phases on the fake engine (12-18 s each).
+pytestmark = pytest.mark.slow
+
+
 # What the installed vLLM 0.32 CPU build's SpeculativeConfig gives through
 # vllm_args (its method Literal, flattened; an excerpt of its fields).
 _V032 = {"flag": "--speculative-config", "kind": "str", "default": None,

@@ -25,6 +25,10 @@ from qtune.search.config import TuneConfig
 from tests.fakes.engine import FakeEngine
 from tests.fakes.sampler import script_random_sampler
 
+# Not in the fast tier: whole studies on the fake engine's processes (5-10 s each).
+pytestmark = pytest.mark.slow
+
+
 ROOT = Path(__file__).parent.parent.parent
 
 
