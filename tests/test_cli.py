@@ -30,6 +30,7 @@ def assert_clean_error(r: subprocess.CompletedProcess[str], needle: str) -> None
     assert any(ln.startswith("hint: ") for ln in lines), r.stderr
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize(
     ("args", "files", "needle"),
     [

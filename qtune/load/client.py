@@ -221,9 +221,12 @@ async def send(
         else:
             s.error = f"timeout: request over {timeout:g} s"
         return s
-    except (aiohttp.ClientError, HttpProcessingError) as exc:
-        # HttpProcessingError: LineTooLong, an SSE line over aiohttp's
-        # read limit (512 KiB by default); it is not a ClientError.
+    except (aiohttp.ClientError, HttpProcessingError, ValueError) as exc:
+        # An SSE line over aiohttp's read limit (512 KiB by default) raises
+        # LineTooLong (an HttpProcessingError, not a ClientError) since
+        # aiohttp 3.13 and ValueError("Chunk too big") before (3.9-3.12, the
+        # floor's): the JSON of an event is judged inside the loop, so a
+        # ValueError here is the stream's.
         s.error = f"{type(exc).__name__}: {exc}"[:200]
         return s
     if s.ttft is None:

@@ -49,6 +49,7 @@ def _search(args: list[str], tmp_path: Path) -> tuple[int, list[str]]:
     return r.returncode, [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("engines,first,hint", [
     ("vllm,vllm", "error: --engine vllm,vllm: vllm is named twice",
      "hint: name each engine once, e.g. --engine vllm,sglang"),

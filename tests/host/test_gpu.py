@@ -143,6 +143,7 @@ def test_h200_host_facts():
     assert fp["memory_gib"] == 125.9
 
 
+@pytest.mark.engine
 def test_h200_findings():
     facts = probe(root=H200, nvml=replay(H200), engine_python=sys.executable)
     found = host_findings(facts)
@@ -188,6 +189,7 @@ def test_h200x2_gpu_fields():
     assert g1.nvlink_peers == [0]
 
 
+@pytest.mark.engine
 def test_h200x2_host_facts_and_findings():
     facts = probe(root=H200X2, nvml=replay(H200X2), engine_python=sys.executable)
     assert facts.cpu.model == "Intel(R) Xeon(R) Processor"
@@ -209,6 +211,7 @@ X2_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
           "PATH": "/usr/bin"}
 
 
+@pytest.mark.engine
 def test_a_host_that_forbids_nvlink_multicast_says_so():
     facts = probe(root=H200X2, nvml=replay(H200X2), engine_python=sys.executable,
                   environ=X2_ENV)
@@ -244,6 +247,7 @@ def test_degraded_gpu_answers_are_parsed():
     assert (g1.pcie_width, g1.pcie_width_max, g1.persistence_mode) == (8, 16, False)
 
 
+@pytest.mark.engine
 def test_findings_from_degraded_gpu_answers():
     rec = degraded_x2()
     facts = probe(root=H200X2, nvml=ReplayNVML(rec), engine_python=sys.executable)
