@@ -617,7 +617,9 @@ def dashboard(
                          hint="pip install optuna-dashboard") from None
     st, url = load_study(study, storage)
     # The dashboard can delete studies: never bind beyond loopback.
-    run_server(st._storage, host="127.0.0.1", port=port)
+    from qtune.search.optuna_api import storage_of
+
+    run_server(storage_of(st), host="127.0.0.1", port=port)
 
 
 @app.command("storage-proxy")

@@ -83,3 +83,17 @@ def test_the_checks_catch_what_they_are_for(tmp_path, files, bad):
     edges, private = graph(pkg)
     assert bool(cycles(edges)) is (bad == "cycle")
     assert bool(private) is (bad == "private")
+
+
+def test_optunas_private_api_is_reached_from_one_module():
+    """qtune.search.optuna_api is the one adapter to what Optuna does not
+    publish, so a new Optuna is checked in one place (issue 30)."""
+    import re
+
+    private = re.compile(r"\._storage\b|\._trial_id\b|\._study_id\b|optuna\.storages\._")
+    files = sorted(ROOT.rglob("*.py"))
+    assert len(files) > 50 and (ROOT / "search" / "fleet.py") in files
+    found = [f"{p.relative_to(ROOT)}:{n}"
+             for p in files if p.name != "optuna_api.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if private.search(line)]
+    assert found == []

@@ -42,6 +42,7 @@ from optuna.trial import TrialState
 
 from qtune.errors import InputError, StudyError, mask_url
 from qtune.host import HostFacts
+from qtune.search import optuna_api
 
 
 class FleetAttr:
@@ -174,14 +175,12 @@ def trial_attrs(facts: dict[str, str]) -> dict[str, Any]:
 def note_retry(study: optuna.Study, trial: optuna.Trial, grace_s: int) -> str | None:
     """A trial re-queued because its worker died: record which trial it
     re-runs and why that one failed; the note for the reporter."""
-    frozen = study._storage.get_trial(trial._trial_id)
-    retry_of = frozen.system_attrs.get("failed_trial")
+    retry_of = optuna_api.frozen(study, trial).system_attrs.get("failed_trial")
     if retry_of is None:
         return None
-    dead = study._storage.get_trial(
-        study._storage.get_trial_id_from_study_id_trial_number(study._study_id, retry_of))
+    dead = optuna_api.trial_by_number(study, retry_of)
     beat = dead.system_attrs.get(BEAT)
-    if isinstance(beat, list) and beat[:1] == [dead._trial_id]:
+    if isinstance(beat, list) and beat[:1] == [optuna_api.trial_id(dead)]:
         who = dead.user_attrs.get(FleetAttr.WORKER, "a worker")
         why = (f"worker {who} stopped beating (no heartbeat for {grace_s} s): killed, "
                "or cut off from the database")
@@ -191,15 +190,6 @@ def note_retry(study: optuna.Study, trial: optuna.Trial, grace_s: int) -> str | 
     trial.set_user_attr(FleetAttr.RETRY_OF, retry_of)
     trial.set_user_attr(FleetAttr.RETRY_REASON, why)
     return f"re-runs trial {retry_of}: {why}"
-
-
-def _optuna_beats(storage: Any) -> bool:
-    """Whether Optuna's heartbeat runs on ``storage`` (RDB storage opened
-    with it, bare or in the cache a Study wraps it in); never through the
-    gRPC proxy."""
-    from optuna.storages._heartbeat import is_heartbeat_enabled
-
-    return bool(is_heartbeat_enabled(storage))
 
 
 # (storage, trial id) -> (its beat, when this process first saw that beat):
@@ -215,8 +205,9 @@ def reclaim(study: optuna.Study, heartbeat_s: int) -> None:
     each again.  On RDB storage Optuna's heartbeat judges a trial once its
     worker beat it; otherwise (the gRPC proxy, a trial never beaten) a beat
     that has not moved for the grace period, as this worker saw it, is stale."""
-    storage: Any = study._storage
-    optuna_beats = _optuna_beats(storage)
+    storage: Any = optuna_api.storage_of(study)
+    # Never through the gRPC proxy.
+    optuna_beats = optuna_api.heartbeat_enabled(storage)
     if optuna_beats:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -227,16 +218,17 @@ def reclaim(study: optuna.Study, heartbeat_s: int) -> None:
     stale: list[int] = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         beat = t.system_attrs.get(BEAT)
-        mine = beat if isinstance(beat, list) and beat[:1] == [t._trial_id] else None
+        tid = optuna_api.trial_id(t)
+        mine = beat if isinstance(beat, list) and beat[:1] == [tid] else None
         if optuna_beats and mine is not None:
             continue  # beaten: Optuna's heartbeat judges it
-        key = (id(storage), t._trial_id)
+        key = (id(storage), tid)
         live.add(key)
         seen = _SEEN.get(key)
         if seen is None or seen[0] != mine:
             _SEEN[key] = (mine, now)
         elif now - seen[1] > grace:
-            stale.append(t._trial_id)
+            stale.append(tid)
     for key in [k for k in _SEEN if k[0] == id(storage) and k not in live]:
         del _SEEN[key]
     callback = storage.get_heartbeat_stale_trial_callback() if optuna_beats \
@@ -263,7 +255,7 @@ def claim(study: optuna.Study, what: str) -> bool:
     '~' is outside --study's alphabet: no user's study can take the name."""
     name = f"{study.study_name}~{what}"
     try:
-        optuna.create_study(study_name=name, storage=study._storage)
+        optuna.create_study(study_name=name, storage=optuna_api.storage_of(study))
     except optuna.exceptions.DuplicatedStudyError:
         return False
     return True
@@ -291,7 +283,7 @@ class Heartbeat:
         self.storage, self.trial_id = storage, trial_id
         self.interval, self.grace = interval, grace
         self.lost: str | None = None
-        self._optuna = _optuna_beats(storage)
+        self._optuna = optuna_api.heartbeat_enabled(storage)
         self._count = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -353,7 +345,7 @@ _LOST: list[str] = []  # why the database was lost (set by a Heartbeat)
 
 @contextlib.contextmanager
 def beating(study: optuna.Study, trial: optuna.Trial, heartbeat_s: int) -> Iterator[None]:
-    with Heartbeat(study._storage, trial._trial_id, heartbeat_s,
+    with Heartbeat(optuna_api.storage_of(study), optuna_api.trial_id(trial), heartbeat_s,
                    heartbeat_s * GRACE_BEATS):
         yield
 

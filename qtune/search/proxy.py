@@ -16,7 +16,7 @@ from collections.abc import Callable
 import optuna
 
 from qtune.errors import InputError, StudyError, mask_url, printable
-from qtune.search import fleet
+from qtune.search import fleet, optuna_api
 from qtune.search.storage import check_storage_url, open_storage
 
 # gRPC's server threads: each serves one call at a time, and a worker's
@@ -27,7 +27,6 @@ THREADS = 32
 def serve(url: str, host: str, port: int, say: Callable[[str], None]) -> None:
     """Serve the storage at ``url`` on ``host:port`` until interrupted;
     ``say`` gets the one line that tells the workers' URL."""
-    from concurrent.futures import ThreadPoolExecutor
 
     check_storage_url(url)
     if not fleet.is_fleet(url) or url.startswith("grpc://"):
@@ -40,16 +39,13 @@ def serve(url: str, host: str, port: int, say: Callable[[str], None]) -> None:
     # Optuna's cache in front of RDB storage: the proxy's own reads of
     # finished trials stay in memory (its docs ask for get_storage).
     storage = optuna.storages.get_storage(open_storage(url))
-    try:
-        from optuna.storages._grpc.server import make_server
-    except ImportError:
-        raise StudyError("the storage proxy needs grpcio",
-                         hint="pip install 'qtune[fleet]'") from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         try:
-            server = make_server(storage, host, port,
-                                 ThreadPoolExecutor(max_workers=THREADS))
+            server = optuna_api.grpc_server(storage, host, port, THREADS)
+        except ImportError:
+            raise StudyError("the storage proxy needs grpcio",
+                             hint="pip install 'qtune[fleet]'") from None
         except RuntimeError:  # grpc: "Failed to bind to address ..."
             raise InputError(f"--host {printable(host)} --port {port}: cannot listen "
                              "there (the port is taken, or the address is not this "

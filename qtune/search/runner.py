@@ -16,7 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from qtune.engines.base import LoadView
 from qtune.errors import StudyError, mask_url
-from qtune.search import fleet
+from qtune.search import fleet, optuna_api
 from qtune.search.budget import (
     ConfirmationPlan,
     costs,
@@ -439,7 +439,7 @@ def _beating(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
 def _give_back(study: optuna.Study, trial: optuna.Trial) -> None:
     """A trial asked past the study-wide budget (two workers asked at once):
     close it unrun, and queue its point again if it was a queued one."""
-    frozen = study._storage.get_trial(trial._trial_id)
+    frozen = optuna_api.frozen(study, trial)
     queued = "fixed_params" in frozen.system_attrs or "failed_trial" in frozen.system_attrs
     study.tell(trial, state=TrialState.FAIL)
     if queued:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from qtune.errors import InputError, StudyError, mask_url
 from qtune.host import probe
 from qtune.host.installed import EngineInstall
-from qtune.search import fleet
+from qtune.search import fleet, optuna_api
 from tests.conftest import FIX
 from tests.fakes.nvml import ReplayNVML
 
@@ -166,7 +166,7 @@ def test_through_the_proxy_a_trial_whose_beat_stops_is_failed_and_queued(proxy, 
     from qtune.search.storage import open_storage
 
     storage = open_storage(proxy, heartbeat_s=1)
-    assert not fleet._optuna_beats(storage)
+    assert not optuna_api.heartbeat_enabled(storage)
     study = optuna.create_study(storage=storage, study_name="p")
     dies, lives = study.ask(), study.ask()
     beats = [fleet.Heartbeat(study._storage, t._trial_id, 1, 5) for t in (dies, lives)]
