@@ -636,8 +636,8 @@ def render_check(res: dict[str, Any]) -> None:
         out.print("not reported by the server, not checked: " + ", ".join(cfg["not_checked"]))
     if res.get("tokenizer_warning"):
         out.print(Text("warning: " + res["tokenizer_warning"], style="yellow"))
-    c = res.get("compare")
-    if c:
+    # A Pareto point is judged on both its coordinates ("compared").
+    for c in res.get("compared") or ([res["compare"]] if res.get("compare") else []):
         out.print(f"{c['metric']}: now {_fmt(c['now'])}, tuned {_fmt(c['tuned'])} "
                   f"({c['tuned_from']}), noise {c['noise']:.0%}")
     style = "green" if res["exit_code"] == 0 else "red"
