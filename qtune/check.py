@@ -17,7 +17,8 @@ tuned?  It launches nothing.
    capacity: does the SLO still hold and the server keep up?
 
 Exit codes for a cron job or a CI gate: 0 as tuned, 4 slower than tuned
-(outside the noise), 5 not the tuned config; 2 bad input, as everywhere.
+(outside the noise), 5 not the tuned config, 6 the server does not answer;
+1 bad input (2 a usage error), as everywhere.
 """
 
 from __future__ import annotations
@@ -176,7 +177,9 @@ def check(profile: Profile, url: str, *, requests: int | None = None, repeat: in
                          + ", ".join(sorted(ENGINES)))
     obj_name = (profile.metrics.get("objective") or {}).get("name") or "e2e_p99"
     obj = get_objective(obj_name)  # refuses an unknown name before any request
-    served, root = served_model(url)
+    # check has no --model: the served name is compared with the profile's.
+    served, root = served_model(url, hint="is --url the server's base URL (the one "
+                                "that answers /v1/models)?")
     reports = {p: t for p in engine.report_paths()
                if (t := _get(url.rstrip("/") + p)) is not None}
     running = engine.running_config(reports)

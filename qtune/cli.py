@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,  # locals may hold tokens; we render errors
     help="Tune an LLM inference server on this host, and deploy the winner.",
 )
-_state = {"debug": False}
+_state = {"debug": False, "json": False, "json_printed": False}
 
 
 def _version(value: bool) -> None:
@@ -52,7 +51,25 @@ def _root(
 
 
 def _print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    from qtune import jsonout
+
+    sys.stdout.write(jsonout.dumps(obj) + "\n")
+    _state["json_printed"] = True
+
+
+def _json_mode(value: bool) -> bool:
+    # Set while the arguments are read, so that main answers a failure
+    # after it in JSON too.
+    if value:
+        _state["json"] = True
+    return value
+
+
+def _json_error(message: str, hint: str | None, code: int, kind: str) -> None:
+    """A failed ``--json`` command's one object: a script reads ``error``
+    (and ``exit_code``) instead of parsing stderr."""
+    if not _state["json_printed"]:
+        _print_json({"error": message, "hint": hint, "kind": kind, "exit_code": code})
 
 
 EnginePython = Annotated[
@@ -63,7 +80,10 @@ EnginePython = Annotated[
         "(default: this one), or one per engine: vllm=PATH,sglang=PATH.",
     ),
 ]
-JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+JsonOut = Annotated[bool, typer.Option(
+    "--json", callback=_json_mode, is_eager=True,
+    help="Print one JSON object on stdout, also on failure (with error, hint "
+    "and exit_code).")]
 Force = Annotated[bool, typer.Option(
     "--force", help="Replace an output file even if it is read-only (it stays "
     "read-only). Devices, FIFOs, folders and links are never replaced.")]
@@ -742,20 +762,29 @@ def main() -> None:
         from qtune import console
 
         console.render_error(exc)
-        sys.exit(1)
+        if _json_wanted():
+            _json_error(exc.message, exc.hint, exc.exit_code, _kind(exc))
+        sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
+        _interrupted_json()
         sys.exit(130)
     except KeyboardInterrupt:
         from qtune import console
 
         console.err.print("interrupted: servers stopped, study saved")
+        _interrupted_json()
         sys.exit(130)
     except Exception as exc:  # click usage errors and the unexpected
         # Usage errors (typer vendors its own click: match by shape).
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()
+            if _json_wanted():
+                ctx = getattr(exc, "ctx", None)
+                where = ctx.command_path if ctx is not None else "qtune"
+                _json_error(redact(exc.format_message()), f"{where} --help",
+                            exc.exit_code, "usage")
             sys.exit(exc.exit_code)
         if _state["debug"]:
             raise
@@ -764,4 +793,25 @@ def main() -> None:
         console.err.print(f"internal error: {redact(type(exc).__name__)}: "
                           f"{redact(str(exc))[:300]}")
         console.err.print("hint: re-run with --debug for the traceback, and report it")
+        if _json_wanted():
+            _json_error(f"internal error: {redact(type(exc).__name__)}: "
+                        f"{redact(str(exc))[:300]}",
+                        "re-run with --debug for the traceback, and report it", 1,
+                        "internal")
         sys.exit(1)
+
+
+def _json_wanted() -> bool:
+    # A usage error can come before the --json option is read: then its
+    # presence on the command line decides.
+    return _state["json"] or "--json" in sys.argv[1:]
+
+
+def _kind(exc: QtuneError) -> str:
+    """``InputError`` -> ``input``: the error's kind as errors.md lists it."""
+    return type(exc).__name__.removesuffix("Error").lower() or "qtune"
+
+
+def _interrupted_json() -> None:
+    if _json_wanted():
+        _json_error("interrupted", None, 130, "interrupted")

@@ -207,3 +207,49 @@ def test_the_cli_loads_no_engine_search_or_client_to_start(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+# -- output a script can trust: one strict JSON object, distinct exit codes ---
+
+def _strict(text: str):
+    def refuse(name):
+        raise AssertionError(f"non-strict JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_check_json_against_a_server_that_is_down(tmp_path):
+    from qtune.server import free_port
+
+    p = tmp_path / "p.yaml"
+    p.write_text(sample_profile().dump())
+    r = qtune("check", str(p), "--url", f"http://127.0.0.1:{free_port()}", "--json",
+              cwd=tmp_path)
+    assert r.returncode == 6, r.stderr  # unreachable: not 1 (bad input), not 4/5
+    doc = _strict(r.stdout)  # exactly one object: json.loads refuses trailing text
+    assert doc["exit_code"] == 6 and doc["kind"] == "unreachable"
+    assert "no answer" in doc["error"] and doc["hint"]
+
+
+def test_json_errors_for_bad_input_and_usage(tmp_path):
+    r = qtune("check", str(tmp_path / "missing.yaml"), "--url", "http://127.0.0.1:1",
+              "--json", cwd=tmp_path)
+    doc = _strict(r.stdout)
+    assert r.returncode == 1 == doc["exit_code"] and doc["error"] and "hint" in doc
+    r = qtune("report", "s", "--json", "--bogus", cwd=tmp_path)
+    doc = _strict(r.stdout)
+    assert r.returncode == 2 == doc["exit_code"] and doc["kind"] == "usage"
+    assert "--help" in doc["hint"]
+
+
+def test_one_json_writer_writes_no_nan():
+    import math
+
+    import numpy as np
+
+    from qtune.jsonout import dumps
+
+    doc = _strict(dumps({"a": math.nan, "b": [math.inf, -math.inf, 1.5],
+                         "c": np.float64("nan"), "d": np.int64(3), "e": (1, 2),
+                         "f": Path("/x")}))
+    assert doc == {"a": None, "b": [None, None, 1.5], "c": None, "d": 3, "e": [1, 2],
+                   "f": "/x"}
