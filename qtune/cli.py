@@ -783,8 +783,8 @@ def main() -> None:
             if _json_wanted():
                 ctx = getattr(exc, "ctx", None)
                 where = ctx.command_path if ctx is not None else "qtune"
-                _json_error(redact(exc.format_message()), f"{where} --help",
-                            exc.exit_code, "usage")
+                _json_error(redact(getattr(exc, "format_message", str)()),
+                            f"{where} --help", exc.exit_code, "usage")
             sys.exit(exc.exit_code)
         if _state["debug"]:
             raise
