@@ -368,7 +368,7 @@ def test_a_seed_left_for_a_resume_runs_as_itself(fake, monkeypatch):
 def test_an_improvement_inside_the_noise_is_flagged():
     from types import SimpleNamespace
 
-    from qtune.search.result import _objective_pair
+    from qtune.search.result import objective_pair
 
     def rec(n):
         return SimpleNamespace(number=n, value=None)
@@ -377,8 +377,8 @@ def test_an_improvement_inside_the_noise_is_flagged():
             "0": {"median": 67.9, "ci95": [61.4, 74.3]},
             "2": {"median": 40.0, "ci95": [38.0, 42.0]}}
     study = SimpleNamespace(user_attrs={"confirmation": conf})
-    assert _objective_pair(study, rec(1), rec(0))["separated"] is False
-    assert _objective_pair(study, rec(2), rec(0))["separated"] is True
+    assert objective_pair(study, rec(1), rec(0))["separated"] is False
+    assert objective_pair(study, rec(2), rec(0))["separated"] is True
 
 
 class BigDefaultsEngine(FakeEngine):
