@@ -614,6 +614,7 @@ def report(
     if json_out:
         _print_json(res)
     else:
+        console.render_recommendation(res["recommendation"])
         console.render_report(res)
         for label, path in (("csv", csv), ("parquet", parquet), ("html", html)):
             if path:

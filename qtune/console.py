@@ -708,3 +708,45 @@ def render_report(res: dict[str, Any]) -> None:
         out.print("importance: " + ", ".join(
             f"{k} {v:.2f}" for k, v in sorted(res["importances"].items(),
                                               key=lambda kv: -kv[1])))
+
+
+def render_recommendation(rec: dict[str, Any]) -> None:
+    """The report's first screen (``qtune.recommendation``): what to run,
+    its figure against the engine defaults, on what, the quality verdict
+    and the command that deploys it.  Plain text, no markup: flags carry
+    brackets and the study's strings are not ours."""
+    out.print(Text("Recommendation", style="bold"))
+    out.print(Text(printable(rec["headline"]), style="green" if rec["trial"] is not None
+                   else "red"), soft_wrap=False)
+    if rec["trial"] is None:
+        return
+    if rec["kept_defaults"]:
+        out.print(Text("  config:    the engine defaults (nothing to change)"))
+    elif rec["flags"]:
+        out.print(Text(f"  config:    trial {rec['trial']}: " + " ".join(rec["flags"])))
+    f = rec.get("figure")
+    if f:
+        gain = f"{f['ratio']:.2f}x" if f.get("ratio") is not None else "no ratio"
+        interval = ""
+        if f.get("interval"):
+            lo, hi = f["interval"]
+            interval = f" [{lo:.2f}, {'inf' if hi is None else f'{hi:.2f}'}]"
+        out.print(Text(f"  figure:    {f['metric']} {_fmt(f['best'])} {f['unit']} against the "
+                       f"defaults' {_fmt(f['baseline'])} {f['unit']}: {gain}{interval} "
+                       f"({f['basis']})"))
+        out.print(Text("  confirmed: " + ("yes, on fresh starts" if f["confirmed"]
+                                          else f"no: {f['why_not_confirmed']}"),
+                       style="" if f["confirmed"] else "yellow"))
+        if f.get("bracket"):
+            held, failed = f["bracket"]
+            out.print(Text(f"  bracket:   held {held:g} {f['unit']}, failed at "
+                           + ("none above it" if failed is None else f"{failed:g}")))
+    on = rec["measured_on"]
+    out.print(Text(printable(f"  measured:  {on['accelerator']}, {on['engine']}, "
+                             f"model {on['model']}")))
+    out.print(Text(printable(f"  workload:  {on['workload']}")))
+    out.print(Text(printable(f"  quality:   {rec['quality']}")))
+    if rec.get("emit_command"):
+        # One line, never wrapped: it is pasted whole.
+        out.print(Text("  deploy:    " + rec["emit_command"]), soft_wrap=True)
+    out.print()

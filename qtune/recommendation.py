@@ -130,13 +130,12 @@ def _measured_on(study: optuna.Study, best: TrialRecord | None) -> dict[str, str
     model = study.user_attrs.get(StudyAttr.MODEL) or {}
     engine = facts.get("engine") or (
         f"{install['name']} {install.get('version', '?')} ({install.get('build', '?')})"
-        if install.get("name") else "not recorded (a study of an older qtune)")
+        if install.get("name") else "engine not recorded (a study of an older qtune)")
     if best is not None and best.engine and best.engine not in engine:
         engine = f"{best.engine} (searched across engines)"
     weights = " with random weights" if model.get("load_format") == "dummy" else ""
     return {
-        "accelerator": facts.get("accelerator") or "not recorded (a study of an older "
-        "qtune)",
+        "accelerator": facts.get("accelerator") or "accelerator not recorded",
         "engine": engine,
         "model": f"{model.get('id', '?')}{weights}",
         "workload": (("load searched (capacity), first offered as "
@@ -235,15 +234,16 @@ def recommend(study: optuna.Study) -> Recommendation:
                     w, b, ratio, str(pair.get("basis", "one run each")), interval,
                     why is None, why, bracket)
     flags = launch_flags(best)
+    # One sentence: the config's flags, the confirmation's why, the
+    # quality and the deploy command have their own lines.
+    confirmed = "confirmed on fresh starts" if why is None else "NOT confirmed"
     if kept:
-        head = (f"keep the engine defaults: no config beat them ({_value(w, unit)}"
-                f"{'' if why is None else '; ' + why})")
+        head = (f"keep the engine defaults: no config beat them "
+                f"({_value(w, unit)} on {figure.metric}; {confirmed})")
     else:
         gain = f"{ratio:.2f}x" if ratio is not None else "an unmeasured gain"
-        conf = ("confirmed on fresh starts" if why is None else f"NOT confirmed: {why}")
-        head = (f"run trial {best.number} ({' '.join(flags) or 'its params'}): "
-                f"{_value(w, unit)} against the engine defaults' {_value(b, unit)}, "
-                f"{gain} on {figure.metric}; {conf}")
+        head = (f"run trial {best.number}: {_value(w, unit)} on {figure.metric} against "
+                f"the engine defaults' {_value(b, unit)}, {gain}; {confirmed}")
     return Recommendation(study.study_name, objective, best.number, kept, flags,
                           dict(best.params), figure, measured_on, quality,
                           _emit_command(study.study_name), head)

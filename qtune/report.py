@@ -75,6 +75,7 @@ def importances(study: optuna.Study) -> dict[str, float]:
 
 # -- SVG ----------------------------------------------------------------------
 W, H, PAD = 560, 300, 48
+LANE_Y = H - PAD + 8  # trials without a value, under the x axis's tick labels
 
 
 def _scale(vals: list[float], lo_px: float, hi_px: float, log: bool = False
@@ -102,14 +103,19 @@ def _axes(title: str, xlabel: str, ylabel: str) -> list[str]:
             f'text-anchor="middle">{html.escape(ylabel)}</text>']
 
 
-def ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+def ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[float]:
     """About ``n`` round values spanning [lo, hi] (1, 2 or 5 times a power
-    of ten apart), for an axis a reader can read values off."""
+    of ten apart), for an axis a reader can read values off; whole numbers
+    only when ``integer`` (trial numbers)."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         return [lo]
     raw = (hi - lo) / max(n, 1)
     mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    # the round step whose tick count is nearest n
+    step = min((m * mag for m in (1, 2, 5, 10)),
+               key=lambda st: abs((hi - lo) / st - n))
+    if integer:
+        step = max(step, 1.0)
     first = math.ceil(lo / step) * step
     return [round(first + i * step, 12) for i in range(int((hi - first) / step) + 1)]
 
@@ -123,7 +129,7 @@ def _plot(title: str, xlabel: str, ylabel: str, xs: list[float], ys: list[float]
     """An SVG frame with ticked, labelled axes over the data's range (and a
     'no value' lane under the x axis for trials without one); the x and y
     scales."""
-    bottom = H - PAD - (22 if lane else 0)
+    bottom = H - PAD - (30 if lane else 0)
     xlo, xhi = (min(xs), max(xs)) if xs else (0.0, 1.0)
     ylo, yhi = (min(ys), max(ys)) if ys else (0.0, 1.0)
     # a margin so that the extreme points and their labels are inside
@@ -148,7 +154,7 @@ def _plot(title: str, xlabel: str, ylabel: str, xs: list[float], ys: list[float]
            f"{html.escape(xlabel)}</text>",
            f'<text x="12" y="{bottom / 2 + 15}" transform="rotate(-90 12 '
            f'{bottom / 2 + 15})" text-anchor="middle">{html.escape(ylabel)}</text>']
-    for v in ticks(xlo + xpad, xhi - xpad):
+    for v in ticks(xlo + xpad, xhi - xpad, integer=xlabel == "trial"):
         out.append(f'<line x1="{fx(v):.1f}" y1="{bottom}" x2="{fx(v):.1f}" '
                    f'y2="{bottom + 4}" stroke="#444"/><text class="tick" x="{fx(v):.1f}" '
                    f'y="{bottom + 15}" text-anchor="middle">{_tick_text(v)}</text>')
@@ -157,7 +163,7 @@ def _plot(title: str, xlabel: str, ylabel: str, xs: list[float], ys: list[float]
                    f'stroke="#eee"/><text class="tick" x="{left - 6}" y="{fy(v) + 4:.1f}" '
                    f'text-anchor="end">{_tick_text(v)}</text>')
     if lane:
-        out.append(f'<text class="tick" x="{left - 6}" y="{H - PAD + 4}" text-anchor="end">'
+        out.append(f'<text class="tick" x="{left - 6}" y="{LANE_Y + 4}" text-anchor="end">'
                    "no value</text>")
     return out, fx, fy
 
@@ -267,13 +273,13 @@ def history_svg(df: Any, objective: str, maximize: bool, unit: str = "",
         x = fx(float(r.trial))
         if r.value is not None:
             y = float(r.value)
-            tip = f"{_why(r)}; {objective} {y:.4g} {unit}".strip()
+            tip = f"{_why(r)}; {objective} {_tick_text(y)} {unit}".strip()
             out.append(_mark(kind, x, fy(y), tip, str(r.trial)))
             if r.feasible is True:
                 running = y if running is None else (max(running, y) if maximize
                                                      else min(running, y))
         else:
-            out.append(_mark(kind, x, H - PAD, _why(r), str(r.trial)))
+            out.append(_mark(kind, x, LANE_Y, _why(r), str(r.trial)))
         if running is not None:
             pts.append(f"{x:.1f},{fy(running):.1f}")
     if pts:
@@ -355,7 +361,7 @@ def capacity_svg(df: Any, best: int | None = None) -> str:
             out.append(_mark(kind, x, fy(float(r.value)),
                              f"{_why(r)}; held {float(r.value):g}", str(r.trial)))
         else:
-            out.append(_mark(kind, x, H - PAD, _why(r), str(r.trial)))
+            out.append(_mark(kind, x, LANE_Y, _why(r), str(r.trial)))
     out.append("</svg>")
     return "\n".join(out) + _legend(kinds) + \
         '<p class="legend">grey bar: from the load held to the load that failed</p>'
