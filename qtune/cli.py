@@ -704,7 +704,8 @@ def check(
 
 @app.command()
 def report(
-    study: Annotated[str, typer.Argument(help="Study name (studies/<name>.log).")],
+    study: Annotated[str, typer.Argument(
+        help="Study name (studies/<name>.log), or a journal file's path.")],
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL.")] = None,
     csv: Annotated[Path | None, typer.Option(help="Write the trials table as CSV.")] = None,
     parquet: Annotated[Path | None, typer.Option(

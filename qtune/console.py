@@ -25,7 +25,9 @@ out = Console(highlight=False)
 def render_error(exc: QtuneError) -> None:
     err.print(Text("error: ", style="bold red") + Text(exc.message))
     if exc.hint:
-        err.print(Text("hint: ", style="yellow") + Text(exc.hint))
+        # Not wrapped at the terminal's width: a hint that is a command is
+        # pasted whole (a wrap mid-command broke it at 80 columns).
+        err.print(Text("hint: ", style="yellow") + Text(exc.hint), soft_wrap=True)
 
 
 def _gib(b: int | None) -> str:

@@ -29,7 +29,12 @@ from qtune.search.storage import check_storage_url, open_storage
 def load_study(name: str, storage: str | None, studies_dir: Path = Path("studies")
                ) -> tuple[optuna.Study, str]:
     """Open an existing study read-only: a report creates no folder, file or
-    database, whatever the name or URL."""
+    database, whatever the name or URL.  ``name`` is a study name, or the
+    path of a journal file (``studies/x.log``, a copied run's journal):
+    then the study in it (the one named like the file when it holds
+    several)."""
+    if storage is None and _is_path(name):
+        return _load_journal(Path(name))
     check_study_name(name, "study")
     journal = (studies_dir / (name + ".log")).absolute()
     url = storage or f"journal://{journal}"
@@ -38,16 +43,49 @@ def load_study(name: str, storage: str | None, studies_dir: Path = Path("studies
             if studies_dir.is_dir() else []
         raise StudyError(f"no study {name!r} under {studies_dir}/",
                          hint=("studies here: " + ", ".join(known[:20])) if known
-                         else "run qtune search first, or pass --storage URL")
+                         else "run qtune search first, or pass --storage URL, or "
+                         "a journal file's path")
     if storage is not None:
         check_storage_url(storage)
+    opened = open_storage(url, read_only=True)
     try:
-        study = optuna.load_study(study_name=name,
-                                  storage=open_storage(url, read_only=True))
+        study = optuna.load_study(study_name=name, storage=opened)
     except KeyError:
+        names = _study_names(opened)
         raise StudyError(f"no study {name!r} in {mask_url(url)}",
-                         hint="check the study name and --storage") from None
+                         hint=("studies there: " + ", ".join(names[:20])) if names
+                         else "the storage holds no study: check --storage") from None
     return study, url
+
+
+def _is_path(name: str) -> bool:
+    # A study name has no '/' and no ".log" ending (check_study_name); a
+    # journal file is named by its path.
+    return "/" in name or name.endswith(".log")
+
+
+def _study_names(storage: optuna.storages.BaseStorage) -> list[str]:
+    return sorted(s.study_name for s in storage.get_all_studies())
+
+
+def _load_journal(path: Path) -> tuple[optuna.Study, str]:
+    if not path.is_file():
+        raise StudyError(f"no journal file {path}",
+                         hint="give a study name (studies/<name>.log) or the path of "
+                         "an existing journal file")
+    url = f"journal://{path.absolute()}"
+    check_storage_url(url)  # a torn last record: refused with its repair
+    opened = open_storage(url, read_only=True)
+    names = _study_names(opened)
+    if not names:
+        raise StudyError(f"{path}: no study in this journal",
+                         hint="is it an Optuna journal written by qtune search?")
+    name = path.stem if path.stem in names or len(names) > 1 else names[0]
+    if name not in names:
+        raise StudyError(f"{path} holds several studies, none named {path.stem!r}",
+                         hint=f"qtune report NAME --storage {url} with NAME one of "
+                         + ", ".join(names[:20]))
+    return optuna.load_study(study_name=name, storage=opened), url
 
 
 def importances(study: optuna.Study) -> dict[str, float]:
@@ -602,7 +640,7 @@ def report(name: str, storage: str | None, *, csv: Path | None = None,
     if len(launches) < len(df):
         counts["level_points"] = len(df) - len(launches)
     engines = engine_summary(study)
-    return {"study": name, "storage": mask_url(url),
+    return {"study": study.study_name, "storage": mask_url(url),
             "objective": study.user_attrs.get(StudyAttr.OBJECTIVE),
             # The answer first: what to run, by how much, on what.
             "recommendation": rec.to_dict(),

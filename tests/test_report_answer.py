@@ -169,3 +169,24 @@ def test_no_feasible_trial_says_so(tmp_path, monkeypatch):
     rec = report("n", None)["recommendation"]
     assert rec["trial"] is None and "no feasible trial" in rec["headline"]
     assert Attr.STATUS  # the records module's keys are what the report reads
+
+
+def test_report_takes_a_journal_path_and_lists_studies(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "COLUMNS": "80"}
+
+    def qtune(*args):
+        return subprocess.run([sys.executable, "-m", "qtune", *args], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    r = qtune("report", str(RUN6), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = _strict(r.stdout)  # one strict object: no NaN for the pruned trial's gaps
+    assert doc["study"] == "h200-qwen3-4b" and doc["recommendation"]["trial"] == 1
+    r = qtune("report", "nope", "--storage", f"journal://{RUN6}")
+    assert r.returncode == 1 and "studies there: h200-qwen3-4b" in r.stderr
+    r = qtune("report", str(RUN6))
+    assert r.stdout.startswith("Recommendation\nrun trial 1:")
