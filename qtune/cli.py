@@ -583,6 +583,9 @@ def bench(
         "else 0: on 2 cores the reads slow the server measured).")] = None,
     csv: Annotated[Path | None, typer.Option(
         help="Write one row per run (or per capacity step) here.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write the result here, as its suffix says: .json (the "
+        "--json object) or .csv (as --csv).")] = None,
     force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
@@ -599,10 +602,26 @@ def bench(
                          hint="compare more configs pairwise")
     for u in url:
         check_url(u)
-    if csv is not None:  # before the first request, not after the last
+    json_file = None
+    if out is not None:  # -o/--out: the one spelling; the format from the suffix
+        from qtune.errors import InputError
+
+        if out.suffix.lower() == ".json":
+            json_file = out
+        elif out.suffix.lower() != ".csv":
+            raise InputError(f"-o {out}: cannot tell the format from "
+                             f"{out.suffix or 'no suffix'}", hint="end it in .json or .csv")
+        elif csv is not None:
+            raise InputError(f"-o {out} and --csv {csv} both name the CSV file",
+                             hint="give one of -o and --csv")
+        else:
+            csv = out
+    if csv is not None or json_file is not None:  # before the first request
         from qtune.files import check_target
 
-        check_target(csv, "--csv", force=force)
+        for path, flag in ((csv, "--csv"), (json_file, "-o")):
+            if path is not None:
+                check_target(path, flag, force=force)
     wl = load.workload()
     cfg = BenchConfig(urls=url, workload=wl, model=model, tokenizer=tokenizer,
                       slo=parse_slo(slo), repeat=repeat, find_capacity=find_capacity,
@@ -621,6 +640,11 @@ def bench(
         from qtune.files import write_atomic
 
         write_atomic(csv, _bench_csv(res), force=force, what="--csv")
+    if json_file is not None:
+        from qtune import jsonout
+        from qtune.files import write_atomic
+
+        write_atomic(json_file, jsonout.dumps(res) + "\n", force=force, what="-o")
     if json_out:
         _print_json(res)
     else:
@@ -712,13 +736,19 @@ def report(
         help="Write the trials table as Parquet (needs pyarrow).")] = None,
     html: Annotated[Path | None, typer.Option(
         help="Write a self-contained HTML report.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write the report here, as its suffix says: .html (the "
+        "page), .csv or .parquet (the trials table).")] = None,
     force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
-    """Summarise a study: trials table, exports, HTML report."""
+    """Summarise a study: the recommendation, the trials table, exports, an HTML
+    page."""
     from qtune import console
     from qtune.report import report as do_report
 
+    if out is not None:  # -o/--out: the one spelling; the format from the suffix
+        csv, parquet, html = _by_suffix(out, csv=csv, parquet=parquet, html=html)
     res = do_report(study, storage, csv=csv, parquet=parquet, html_path=html,
                     force=force)
     if json_out:
@@ -729,6 +759,23 @@ def report(
         for label, path in (("csv", csv), ("parquet", parquet), ("html", html)):
             if path:
                 console.err.print(f"wrote {label}: {path}")
+
+
+def _by_suffix(out: Path, **given: Path | None) -> tuple[Path | None, ...]:
+    """``report -o FILE``: FILE as the export its suffix names (csv,
+    parquet, html), the others as given."""
+    from qtune.errors import InputError
+
+    kind = {".htm": "html", ".html": "html", ".csv": "csv",
+            ".parquet": "parquet"}.get(out.suffix.lower())
+    if kind is None:
+        raise InputError(f"-o {out}: cannot tell the format from {out.suffix or 'no suffix'}",
+                         hint="end it in .html, .csv or .parquet")
+    if given[kind] is not None:
+        raise InputError(f"-o {out} and --{kind} {given[kind]} both name the {kind} file",
+                         hint=f"give one of -o and --{kind}")
+    given[kind] = out
+    return given["csv"], given["parquet"], given["html"]
 
 
 @app.command()

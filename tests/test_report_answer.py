@@ -190,3 +190,10 @@ def test_report_takes_a_journal_path_and_lists_studies(tmp_path):
     assert r.returncode == 1 and "studies there: h200-qwen3-4b" in r.stderr
     r = qtune("report", str(RUN6))
     assert r.stdout.startswith("Recommendation\nrun trial 1:")
+    # -o/--out: the export its suffix names
+    r = qtune("report", str(RUN6), "-o", "p.html", "--csv", "t.csv")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "p.html").read_text().startswith("<!doctype html>")
+    assert (tmp_path / "t.csv").read_text().startswith("trial,")
+    r = qtune("report", str(RUN6), "-o", "p.txt")
+    assert r.returncode == 1 and ".html, .csv or .parquet" in r.stderr
