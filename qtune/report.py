@@ -341,10 +341,12 @@ def _tradeoff_axes(objective: str) -> tuple[str, str, str, str]:
     return x, xl, "e2e_p99_ms", "e2e_p99 (ms)"
 
 
-def tradeoff_svg(df: Any, objective: str = "e2e_p99", best: int | None = None) -> str:
-    """Throughput against the objective's latency (Pareto points ringed)."""
+def tradeoff_svg(df: Any, objective: str = "e2e_p99", best: int | None = None,
+                 unit: str = "") -> str:
+    """Throughput against the objective's latency (Pareto points ringed); a
+    capacity study's brackets."""
     if objective == "capacity":
-        return capacity_svg(df, best)
+        return capacity_svg(df, best, unit)
     xcol, xlabel, ycol, ylabel = _tradeoff_axes(objective)
     if xcol not in df or ycol not in df:
         return ""
@@ -371,7 +373,7 @@ def tradeoff_svg(df: Any, objective: str = "e2e_p99", best: int | None = None) -
         '<p class="legend">dashed ring: on the Pareto front (no trial better on both)</p>'
 
 
-def capacity_svg(df: Any, best: int | None = None) -> str:
+def capacity_svg(df: Any, best: int | None = None, unit: str = "") -> str:
     """A capacity study: each trial's bracket [held, failed) as a bar, the
     load it held as a dot; a trial decided by one probe below the best so
     far, or that failed, drawn as such."""
@@ -382,7 +384,8 @@ def capacity_svg(df: Any, best: int | None = None) -> str:
     tops = [float(v) for r in table if r.value is not None
             and isinstance(v := r.get("capacity.failed_at"), (int, float)) and v == v]
     out, fx, fy = _plot("capacity: each trial's bracket [held, failed)", "trial",
-                        "load held", [float(r.trial) for r in table], held + tops,
+                        f"load held ({unit})" if unit else "load held",
+                        [float(r.trial) for r in table], held + tops,
                         lane=len(held) < len(table))
     kinds = set()
     for r in table:
@@ -589,7 +592,7 @@ storage <code>{shown_url}</code></p>
 <h2>Trials</h2>{trials_table_html(df, best)}
 <h2>Plots</h2>
 <div class="grid"><div>{history_svg(df, objective, maximize, unit, best)}</div>
-<div>{tradeoff_svg(df, objective, best)}</div></div>
+<div>{tradeoff_svg(df, objective, best, unit)}</div></div>
 {importance_svg(imp)}
 {_engines_html(study)}{quality}{_speculative_html(study)}
 <h2>Failures, pruned and skipped trials</h2><ul>{fail_rows or "<li>none</li>"}</ul>
