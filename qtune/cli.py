@@ -907,6 +907,7 @@ def main() -> None:
     from qtune.server import install_signal_handlers
 
     install_signal_handlers()
+    _state.update(json=False, json_printed=False)  # one command per call
     try:
         from qtune.deps import check as check_libraries
 

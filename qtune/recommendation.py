@@ -15,9 +15,10 @@ from typing import Any
 
 import optuna
 
-from qtune.objectives import get_objective
+from qtune.errors import InputError
+from qtune.objectives import Objective, get_objective
 from qtune.quality import Quality
-from qtune.search.records import StudyAttr, TrialRecord, ran_trials
+from qtune.search.records import StudyAttr, TrialRecord, maximizes, ran_trials
 from qtune.search.result import baseline_for, gain_interval, objective_pair, winner
 
 # The flags a launch always has (where and what it serves), not the tuned ones.
@@ -64,7 +65,10 @@ class Recommendation:
 def unit_of(objective: str, workload: dict[str, Any]) -> str:
     """The objective's unit: ms for a latency, req/s or tok/s for a rate,
     streams or req/s for a capacity (as the workload offers its load)."""
-    obj = get_objective(objective)
+    try:
+        obj = get_objective(objective)
+    except InputError:  # a study of a qtune that knew other objectives
+        return ""
     if obj.direction in ("minimize", "pareto"):
         return "ms"
     if obj.name == "capacity":
@@ -198,7 +202,10 @@ def _emit_command(name: str) -> str:
 
 def recommend(study: optuna.Study) -> Recommendation:
     objective = study.user_attrs.get(StudyAttr.OBJECTIVE) or "e2e_p99"
-    obj = get_objective(objective)
+    try:
+        obj = get_objective(objective)
+    except InputError:  # a study of a qtune that knew other objectives
+        obj = Objective(objective, "maximize" if maximizes(study) else "minimize", objective)
     workload = study.user_attrs.get(StudyAttr.WORKLOAD) or {}
     best = winner(study)
     measured_on = _measured_on(study, best)

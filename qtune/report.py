@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from qtune.errors import StudyError, mask_url
+from qtune.errors import InputError, StudyError, mask_url
 from qtune.files import check_target, write_atomic
 from qtune.objectives import get_objective
 from qtune.recommendation import Recommendation, recommend, unit_of
@@ -331,7 +331,10 @@ def history_svg(df: Any, objective: str, maximize: bool, unit: str = "",
 def _tradeoff_axes(objective: str) -> tuple[str, str, str, str]:
     """The columns and labels of the trade-off plot: the objective's own
     metric on its axis, against throughput (or e2e p99 for a rate)."""
-    obj = get_objective(objective)
+    try:
+        obj = get_objective(objective)
+    except InputError:  # a study of a qtune that knew other objectives
+        obj = get_objective("e2e_p99")
     if obj.direction in ("minimize", "pareto"):
         return "req_per_s", "throughput (req/s)", f"{obj.run_metric}_ms", \
             f"{obj.run_metric} (ms)"
@@ -557,6 +560,15 @@ def recommendation_html(rec: Recommendation) -> str:
             f"<p>{html.escape(rec.headline)}</p><ul>{''.join(items)}</ul></section>")
 
 
+def _history_metric(objective: str) -> str:
+    """What a trial's value is: a Pareto study's value is its latency."""
+    try:
+        obj = get_objective(objective)
+    except InputError:  # a study of a qtune that knew other objectives
+        return objective
+    return obj.run_metric if obj.is_pareto else objective
+
+
 def _fig(v: float | None, unit: str) -> str:
     return "-" if v is None else f"{_tick_text(v)} {html.escape(unit)}"
 
@@ -591,7 +603,7 @@ tr.dim{{color:#888}} .answer{{border:2px solid #2ca02c;padding:0 1em;border-radi
 storage <code>{shown_url}</code></p>
 <h2>Trials</h2>{trials_table_html(df, best)}
 <h2>Plots</h2>
-<div class="grid"><div>{history_svg(df, objective, maximize, unit, best)}</div>
+<div class="grid"><div>{history_svg(df, _history_metric(objective), maximize, unit, best)}</div>
 <div>{tradeoff_svg(df, objective, best, unit)}</div></div>
 {importance_svg(imp)}
 {_engines_html(study)}{quality}{_speculative_html(study)}

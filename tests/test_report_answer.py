@@ -197,3 +197,30 @@ def test_report_takes_a_journal_path_and_lists_studies(tmp_path):
     assert (tmp_path / "t.csv").read_text().startswith("trial,")
     r = qtune("report", str(RUN6), "-o", "p.txt")
     assert r.returncode == 1 and ".html, .csv or .parquet" in r.stderr
+
+
+@pytest.mark.parametrize(("objective", "x", "y"), [
+    ("ttft_p99", "req_per_s", "ttft_p99_ms"),
+    ("pareto:tpot_p99", "req_per_s", "tpot_p99_ms"),
+    ("goodput", "value", "e2e_p99_ms"),
+    ("output_throughput", "out_tok_per_s", "e2e_p99_ms"),
+])
+def test_the_tradeoff_plot_uses_the_objectives_own_axes(objective, x, y):
+    from qtune.report import _tradeoff_axes
+
+    assert _tradeoff_axes(objective)[::2] == (x, y)
+
+
+def test_a_study_of_an_unknown_objective_still_reports(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    study = optuna.create_study(study_name="o", storage=open_storage(
+        f"journal://{tmp_path / 'studies' / 'o.log'}"))
+    study.set_user_attr(StudyAttr.OBJECTIVE, "an_objective_of_the_future")
+    t = study.ask()
+    write_record(t, TrialRecord(t.number, {}, TrialStatus.OK, baseline=True,
+                                summary={"e2e_ms": {"p99": 5.0}, "failed": 0,
+                                         "request_throughput": 1.0}))
+    t.set_constraint("failed_requests", 0.0)
+    study.tell(t, 5.0)
+    res = report("o", None, html_path=tmp_path / "o.html")
+    assert res["recommendation"]["kept_defaults"]
