@@ -177,7 +177,7 @@ def test_pareto_front_and_pick(fake, tmp_path):
 
     html = tmp_path / "r.html"
     out = report("pareto", res.storage, html_path=html)
-    assert out["best_trial"] is not None and "e2e_p50 ms" in html.read_text()
+    assert out["best_trial"] is not None and "e2e_p50 (ms)" in html.read_text()
 
 
 def test_levels_share_one_server_per_config(fake, tmp_path):
