@@ -123,7 +123,7 @@ def served_model(url: str, hint: str = "is the server up? pass --model NAME if i
         if not isinstance(exc, urllib.error.HTTPError):  # an HTTP status is an answer
             why = getattr(exc, "reason", exc)
             raise UnreachableError(
-                f"--url {mask_url(url)}: no answer ({type(why).__name__}: "
+                f"--url {mask_url(url)}: cannot list models: no answer ({type(why).__name__}: "
                 f"{str(why)[:200]})",
                 hint="start the server, or check the host and port") from None
         raise InputError(f"--url {mask_url(url)}: cannot list models (HTTP "

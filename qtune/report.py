@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from qtune.errors import InputError, StudyError, mask_url
+from qtune.errors import InputError, StudyError, mask_url, printable
 from qtune.files import check_target, write_atomic
 from qtune.objectives import get_objective
 from qtune.recommendation import Recommendation, recommend, unit_of
@@ -70,7 +70,8 @@ def _study_names(storage: optuna.storages.BaseStorage) -> list[str]:
 
 def _load_journal(path: Path) -> tuple[optuna.Study, str]:
     if not path.is_file():
-        raise StudyError(f"no journal file {path}",
+        shown = printable(str(path))[:200]
+        raise StudyError(f"{shown!r}: not a study name, and no journal file there",
                          hint="give a study name (studies/<name>.log) or the path of "
                          "an existing journal file")
     url = f"journal://{path.absolute()}"
