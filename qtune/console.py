@@ -743,6 +743,8 @@ def render_recommendation(rec: dict[str, Any]) -> None:
             held, failed = f["bracket"]
             out.print(Text(f"  bracket:   held {held:g} {f['unit']}, failed at "
                            + ("none above it" if failed is None else f"{failed:g}")))
+        if f.get("decided"):
+            out.print(Text(printable(f"  decided:   {f['decided']}")))
     on = rec["measured_on"]
     out.print(Text(printable(f"  measured:  {on['accelerator']}, {on['engine']}, "
                              f"model {on['model']}")))

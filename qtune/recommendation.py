@@ -42,6 +42,7 @@ class Figure:
     # A capacity: the winner's bracket [held, failed) from its probes
     # (failed None: nothing above it was tried, or failed).
     bracket: tuple[float, float | None] | None = None
+    decided: str | None = None  # how the capacity search settled on it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,7 +240,8 @@ def recommend(study: optuna.Study) -> Recommendation:
         bracket = (float(held), None if failed is None else float(failed))
     figure = Figure(obj.run_metric if obj.name != "capacity" else "capacity", unit,
                     w, b, ratio, str(pair.get("basis", "one run each")), interval,
-                    why is None, why, bracket)
+                    why is None, why, bracket,
+                    str(cap["decided"]) if cap.get("decided") else None)
     flags = launch_flags(best)
     # One sentence: the config's flags, the confirmation's why, the
     # quality and the deploy command have their own lines.

@@ -21,7 +21,7 @@ from qtune.objectives import get_objective
 from qtune.recommendation import Recommendation, recommend, unit_of
 from qtune.search.choice import engine_summary, summary_lines
 from qtune.search.config import check_study_name
-from qtune.search.records import Attr, StudyAttr, TrialStatus, maximizes
+from qtune.search.records import Attr, StudyAttr, TrialStatus, maximizes, ran_trials
 from qtune.search.result import summary_line, trials_frame, winner
 from qtune.search.storage import check_storage_url, open_storage
 
@@ -346,11 +346,12 @@ def _tradeoff_axes(objective: str) -> tuple[str, str, str, str]:
 
 
 def tradeoff_svg(df: Any, objective: str = "e2e_p99", best: int | None = None,
-                 unit: str = "") -> str:
+                 unit: str = "", steps: dict[int, list[dict[str, Any]]] | None = None
+                 ) -> str:
     """Throughput against the objective's latency (Pareto points ringed); a
     capacity study's brackets."""
     if objective == "capacity":
-        return capacity_svg(df, best, unit)
+        return capacity_svg(df, best, unit, steps)
     xcol, xlabel, ycol, ylabel = _tradeoff_axes(objective)
     if xcol not in df or ycol not in df:
         return ""
@@ -377,7 +378,22 @@ def tradeoff_svg(df: Any, objective: str = "e2e_p99", best: int | None = None,
         '<p class="legend">dashed ring: on the Pareto front (no trial better on both)</p>'
 
 
-def capacity_svg(df: Any, best: int | None = None, unit: str = "") -> str:
+def probes(study: optuna.Study) -> dict[int, list[dict[str, Any]]]:
+    """Each capacity trial's probes (load, held or not, why), in order."""
+    out = {}
+    for t in ran_trials(study):
+        a = t.user_attrs
+        cap = ((a.get(Attr.SUMMARY) or a.get(Attr.PARTIAL_SUMMARY) or {})
+               .get("capacity") or {})
+        steps = [s for s in cap.get("steps") or [] if isinstance(s, dict)
+                 and isinstance(s.get("load"), (int, float))]
+        if steps:
+            out[t.number] = steps
+    return out
+
+
+def capacity_svg(df: Any, best: int | None = None, unit: str = "",
+                 steps: dict[int, list[dict[str, Any]]] | None = None) -> str:
     """A capacity study: each trial's bracket [held, failed) as a bar, the
     load it held as a dot; a trial decided by one probe below the best so
     far, or that failed, drawn as such."""
@@ -387,6 +403,8 @@ def capacity_svg(df: Any, best: int | None = None, unit: str = "") -> str:
     held = [float(r.value) for r in table if r.value is not None]
     tops = [float(v) for r in table if r.value is not None
             and isinstance(v := r.get("capacity.failed_at"), (int, float)) and v == v]
+    steps = steps or {}
+    tops += [float(p["load"]) for ps in steps.values() for p in ps]
     out, fx, fy = _plot("capacity: each trial's bracket [held, failed)", "trial",
                         f"load held ({unit})" if unit else "load held",
                         [float(r.trial) for r in table], held + tops,
@@ -396,6 +414,13 @@ def capacity_svg(df: Any, best: int | None = None, unit: str = "") -> str:
         kind = _kind(r, best)
         kinds.add(kind)
         x = fx(float(r.trial))
+        for i, p in enumerate(steps.get(int(r.trial), [])):
+            # each probe, in order, a little to the left: held (green) or not (red)
+            colour = "#2ca02c" if p.get("ok") else "#d62728"
+            out.append(f'<circle cx="{x - 10:.1f}" cy="{fy(float(p["load"])):.1f}" r="2.5" '
+                       f'fill="{colour}"><title>trial {r.trial} probe {i + 1}: '
+                       f'{float(p["load"]):g} {html.escape(unit)}: '
+                       f'{html.escape(str(p.get("why") or ""))}</title></circle>')
         if r.value is not None:
             top = r.get("capacity.failed_at")
             if isinstance(top, (int, float)) and top == top:
@@ -409,7 +434,8 @@ def capacity_svg(df: Any, best: int | None = None, unit: str = "") -> str:
             out.append(_mark(kind, x, LANE_Y, _why(r), str(r.trial)))
     out.append("</svg>")
     return "\n".join(out) + _legend(kinds) + \
-        '<p class="legend">grey bar: from the load held to the load that failed</p>'
+        '<p class="legend">grey bar: from the load held to the load that failed; small ' \
+        "dots left of it: the probes (green held, red did not)</p>"
 
 
 def importance_svg(imp: dict[str, float]) -> str:
@@ -548,8 +574,9 @@ def recommendation_html(rec: Recommendation) -> str:
         if f.bracket is not None:
             top = "not found (nothing above it failed)" if f.bracket[1] is None \
                 else f"{f.bracket[1]:g}"
+            how = f"; {html.escape(f.decided)}" if f.decided else ""
             items.append(f"<li><b>Capacity bracket</b>: held {f.bracket[0]:g} {f.unit}, "
-                         f"failed at {top}</li>")
+                         f"failed at {top}{how}</li>")
     on = rec.measured_on
     items.append(f"<li><b>Measured on</b>: {html.escape(on['accelerator'])}, "
                  f"{html.escape(on['engine'])}, model {html.escape(on['model'])}; "
@@ -605,7 +632,7 @@ storage <code>{shown_url}</code></p>
 <h2>Trials</h2>{trials_table_html(df, best)}
 <h2>Plots</h2>
 <div class="grid"><div>{history_svg(df, _history_metric(objective), maximize, unit, best)}</div>
-<div>{tradeoff_svg(df, objective, best, unit)}</div></div>
+<div>{tradeoff_svg(df, objective, best, unit, probes(study))}</div></div>
 {importance_svg(imp)}
 {_engines_html(study)}{quality}{_speculative_html(study)}
 <h2>Failures, pruned and skipped trials</h2><ul>{fail_rows or "<li>none</li>"}</ul>

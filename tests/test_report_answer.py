@@ -99,6 +99,8 @@ def test_capacity_study_draws_brackets(tmp_path):
     rec = recommend(study)
     assert rec.figure is not None and rec.figure.unit == "req/s"
     assert rec.measured_on["accelerator"] == "1x NVIDIA H200"
+    assert "probe 1: " in page  # how each bracket was found, probe by probe
+    assert rec.figure.bracket is not None and rec.figure.decided
 
 
 def test_fleet_lost_trial_shows_its_retry(tmp_path, monkeypatch):
