@@ -702,7 +702,7 @@ def check(
     """Is a running server still as tuned? Config, then speed. Launches nothing.
 
     Exit 0 as tuned, 4 slower than tuned (outside the noise), 5 not the tuned
-    config."""
+    config, 6 the server does not answer, 1 bad input."""
     from urllib.parse import urlsplit
 
     from qtune import console
