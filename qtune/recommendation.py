@@ -112,7 +112,9 @@ def launch_flags(rec: TrialRecord) -> list[str]:
     NAME=value.  A parameter the command does not carry (an engine default
     chosen) is left out: nothing to pass."""
     argv, out = rec.argv, []
-    wanted = {"--" + k.replace("_", "-") for k in rec.params}
+    names = [k.replace("_", "-") for k in rec.params]
+    # a boolean off is often its --no- form (vLLM's --no-enable-prefix-caching)
+    wanted = {f"--{n}" for n in names} | {f"--no-{n}" for n in names}
     i = 0
     while i < len(argv):
         tok = argv[i]

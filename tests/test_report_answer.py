@@ -151,12 +151,14 @@ def test_workload_and_flags_read_as_text():
         "8 concurrent streams, prompts of 128-512 tokens, outputs of 64 tokens, "
         "100 measured requests")
     rec = TrialRecord(3, {"max_num_seqs": 64, "enable_chunked_prefill": True,
+                          "enable_prefix_caching": False,
                           "VLLM_CPU_KVCACHE_SPACE": 4}, TrialStatus.OK,
                       argv=["python", "-m", "vllm", "--model", "/m", "--port", "1",
-                            "--max-num-seqs", "64", "--enable-chunked-prefill"],
+                            "--max-num-seqs", "64", "--enable-chunked-prefill",
+                            "--no-enable-prefix-caching"],
                       env={"VLLM_CPU_KVCACHE_SPACE": "4", "HF_HUB_OFFLINE": "1"})
     assert launch_flags(rec) == ["--max-num-seqs 64", "--enable-chunked-prefill",
-                                 "VLLM_CPU_KVCACHE_SPACE=4"]
+                                 "--no-enable-prefix-caching", "VLLM_CPU_KVCACHE_SPACE=4"]
 
 
 def test_no_feasible_trial_says_so(tmp_path, monkeypatch):
