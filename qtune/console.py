@@ -725,7 +725,8 @@ def render_recommendation(rec: dict[str, Any]) -> None:
     if rec["kept_defaults"]:
         out.print(Text("  config:    the engine defaults (nothing to change)"))
     elif rec["flags"]:
-        out.print(Text(f"  config:    trial {rec['trial']}: " + " ".join(rec["flags"])))
+        out.print(Text(printable(f"  config:    trial {rec['trial']}: "
+                                 + " ".join(rec["flags"]))))
     f = rec.get("figure")
     if f:
         gain = f"{f['ratio']:.2f}x" if f.get("ratio") is not None else "no ratio"
@@ -736,8 +737,8 @@ def render_recommendation(rec: dict[str, Any]) -> None:
         out.print(Text(f"  figure:    {f['metric']} {_fmt(f['best'])} {f['unit']} against the "
                        f"defaults' {_fmt(f['baseline'])} {f['unit']}: {gain}{interval} "
                        f"({f['basis']})"))
-        out.print(Text("  confirmed: " + ("yes, on fresh starts" if f["confirmed"]
-                                          else f"no: {f['why_not_confirmed']}"),
+        out.print(Text(printable("  confirmed: " + (
+            "yes, on fresh starts" if f["confirmed"] else f"no: {f['why_not_confirmed']}")),
                        style="" if f["confirmed"] else "yellow"))
         if f.get("bracket"):
             held, failed = f["bracket"]
