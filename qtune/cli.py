@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import typer
-from typer.core import TyperCommand, TyperOption
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from qtune import __version__
 from qtune.errors import QtuneError, mask_url, redact
@@ -32,36 +32,53 @@ class _Help(TyperCommand):
     (rich reads "[default X]" as a style tag)."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
-        own = _COMMAND_PANELS.get(self.name or "", {})
-        for param in self.get_params(ctx):
-            if not isinstance(param, TyperOption):
-                continue
-            panel = own.get(param.name or "") or _PANELS.get(param.name or "")
-            if panel and not getattr(param, "rich_help_panel", None):
-                param.rich_help_panel = panel
-            # One short type column (no "<float range> [0.0<=x<=1.0]" that
-            # squeezed the option names to "--max-quality-lo…" at 80
-            # columns); a flag takes no value, so none.
-            compact = None if param.is_flag else (
-                param.display_type(ctx) or "").replace(" range", "")
-            param.display_type_rich = functools.partial(  # type: ignore[method-assign]
-                _shown_type, compact)
-            param._get_number_range_help_str = str  # type: ignore[method-assign]
-            default = param.default
-            if param.show_default and param.name != "help" and "(default" not in (
-                    param.help or ""):
-                shown = _shown_default(param, default)
-                if shown:
-                    text = (param.help or "").rstrip()
-                    param.help = (f"{text[:-1]} (default: {shown})." if text.endswith(".")
-                                  else f"{text} (default: {shown})").strip()
-            param.show_default = False
-        # Panels in one order on every command (Typer shows them in the
-        # order their first option comes).
-        order = [*_PANEL_NAMES, "Server", "Measurement", "Study", "Deployment"]
-        self.params.sort(key=lambda p: order.index(str(getattr(p, "rich_help_panel", "")))
-                         if getattr(p, "rich_help_panel", None) in order else -1)
+        _tidy_help(self, ctx)
         super().format_help(ctx, formatter)
+
+
+class _Group(TyperGroup):
+    """qtune's own --help: its flags without a ``<bool>`` metavar too (three
+    options: no panels)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _tidy_help(self, ctx, panels=False)
+        super().format_help(ctx, formatter)
+
+
+def _tidy_help(command: Any, ctx: Any, panels: bool = True) -> None:
+    """Panels, types and defaults of a command's options (``_Help``)."""
+    own = _COMMAND_PANELS.get(command.name or "", {}) if panels else {}
+    for param in command.get_params(ctx):
+        if not isinstance(param, TyperOption):
+            continue
+        panel = own.get(param.name or "") or (_PANELS.get(param.name or "") if panels
+                                              else None)
+        if panel and not getattr(param, "rich_help_panel", None):
+            param.rich_help_panel = panel
+        # One short type column (no "<float range> [0.0<=x<=1.0]" that
+        # squeezed the option names to "--max-quality-lo…" at 80
+        # columns); a flag takes no value, so none.
+        compact = None if param.is_flag else (
+            param.display_type(ctx) or "").replace(" range", "")
+        param.display_type_rich = functools.partial(  # type: ignore[method-assign]
+            _shown_type, compact)
+        param._get_number_range_help_str = str  # type: ignore[method-assign]
+        default = param.default
+        if param.show_default and param.name != "help" and "(default" not in (
+                param.help or ""):
+            shown = _shown_default(param, default)
+            if shown:
+                text = (param.help or "").rstrip()
+                param.help = (f"{text[:-1]} (default: {shown})." if text.endswith(".")
+                              else f"{text} (default: {shown})").strip()
+        param.show_default = False
+    # Panels in one order on every command (Typer shows them in the
+    # order their first option comes): what is worked on, how, the output.
+    order = ["Study", "Server", "Engine", "Workload", "Search", "Measurement",
+             "Confirmation", "Quality", "Fleet", "Deployment", "Output"]
+    command.params.sort(
+        key=lambda p: order.index(str(getattr(p, "rich_help_panel", "")))
+        if getattr(p, "rich_help_panel", None) in order else -1)
 
 
 def _shown_type(shown: str | None, ctx: Any) -> str | None:
@@ -125,6 +142,7 @@ class _App(typer.Typer):
 
 
 app = _App(
+    cls=_Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,  # locals may hold tokens; we render errors
@@ -144,7 +162,8 @@ def _version(value: bool) -> None:
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True)
+        bool, typer.Option("--version", callback=_version, is_eager=True,
+                           help="Print qtune's version.")
     ] = False,
 ) -> None:
     _state["debug"] = debug
@@ -742,8 +761,7 @@ def report(
     force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
-    """Summarise a study: the recommendation, the trials table, exports, an HTML
-    page."""
+    """Summarise a study: the recommendation, trials table, exports, HTML page."""
     from qtune import console
     from qtune.report import report as do_report
 

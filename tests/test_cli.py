@@ -282,8 +282,8 @@ def test_search_help_at_80_columns_is_grouped_and_uncut():
 
 def test_every_command_help_has_no_bool_metavar_and_one_default_style():
     for command in ("probe", "bench", "verify", "check", "report", "emit", "dashboard",
-                    "storage-proxy"):
-        text = _help80(command, "-h")
+                    "storage-proxy", None):
+        text = _help80(*([command] if command else []), "-h")
         assert "<bool>" not in text and "[default" not in text, command
         assert "…" not in text, command
 
