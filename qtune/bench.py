@@ -17,13 +17,14 @@ import asyncio
 import dataclasses
 import math
 import os
+import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qtune.engines import any_engine_cache_reset_paths, any_engine_metric_names
-from qtune.errors import InputError, mask_url, printable
+from qtune.errors import InputError, UnreachableError, mask_url, printable
 from qtune.launch import MetricNames
 from qtune.load import run_load
 from qtune.load.http import request_json
@@ -108,20 +109,32 @@ def check_url(url: str, flag: str = "--url") -> str:
     return url
 
 
-def served_model(url: str) -> tuple[str, str | None]:
+def served_model(url: str, hint: str = "is the server up? pass --model NAME if it has "
+                 "no /v1/models") -> tuple[str, str | None]:
     """The first model ``/v1/models`` lists, and its ``root`` (vLLM gives the
-    model path there, where a tokenizer may be found)."""
+    model path there, where a tokenizer may be found).  A server that does
+    not answer at all raises ``UnreachableError``; one that answers without
+    a model list, ``InputError`` with ``hint`` (the caller's options)."""
     try:
         data = request_json(url.rstrip("/") + "/v1/models")
         first = data["data"][0]
         return str(first["id"]), first.get("root")
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        if not isinstance(exc, urllib.error.HTTPError):  # an HTTP status is an answer
+            why = getattr(exc, "reason", exc)
+            raise UnreachableError(
+                f"--url {mask_url(url)}: cannot list models: no answer ({type(why).__name__}: "
+                f"{str(why)[:200]})",
+                hint="start the server, or check the host and port") from None
+        raise InputError(f"--url {mask_url(url)}: cannot list models (HTTP "
+                         f"{exc.code})", hint=hint) from None
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         # The server's answer is untrusted: a name for its shape, and the
         # URL's password masked (the exception text may repeat the URL).
         raise InputError(
             f"--url {mask_url(url)}: cannot list models ({type(exc).__name__}: "
             f"{str(exc)[:200]})",
-            hint="is the server up? pass --model NAME if it has no /v1/models",
+            hint=hint,
         ) from None
 
 

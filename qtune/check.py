@@ -17,7 +17,8 @@ tuned?  It launches nothing.
    capacity: does the SLO still hold and the server keep up?
 
 Exit codes for a cron job or a CI gate: 0 as tuned, 4 slower than tuned
-(outside the noise), 5 not the tuned config; 2 bad input, as everywhere.
+(outside the noise), 5 not the tuned config, 6 the server does not answer;
+1 bad input (2 a usage error), as everywhere.
 """
 
 from __future__ import annotations
@@ -42,13 +43,14 @@ from qtune.launch import RunningConfig
 from qtune.load.http import request_bytes
 from qtune.load.workload import Workload
 from qtune.metrics import metric_value
-from qtune.objectives import get_objective, lower_is_better, parse_slo
+from qtune.objectives import Objective, get_objective, parse_slo, worse_by
 from qtune.profile import Profile
 
 AS_TUNED, SLOWER, NOT_TUNED = 0, 4, 5
 # One measurement's agreement with another of the same server (see above).
 NOISE = {"p50": 0.10, "p90": 0.25, "p99": 0.25, "mean": 0.10}
 THROUGHPUT_NOISE = 0.05
+GOODPUT_NOISE = 0.10
 REPORT_BYTES = 4 << 20  # a /metrics page of a busy DP server is ~1 MB
 
 
@@ -101,27 +103,68 @@ def compare_config(profile: Profile, running: RunningConfig,
     return {"differ": differ, "checked": checked, "not_checked": not_checked}
 
 
-def _reference(profile: Profile, metric: str) -> tuple[float, float, str] | None:
-    """(tuned value, noise band as a share, where both came from)."""
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """One judged metric: the profile's value against the server's now."""
+
+    metric: str
+    tuned: float
+    now: float
+    noise: float  # the band, as a share, within which "now" is "as tuned"
+    tuned_from: str
+
+    @property
+    def worse_by(self) -> float:
+        return worse_by(self.metric, self.tuned, self.now)
+
+    @property
+    def slower(self) -> bool:
+        return self.worse_by > self.noise
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "tuned": self.tuned, "now": self.now,
+                "noise": self.noise, "tuned_from": self.tuned_from,
+                "worse_by": self.worse_by}
+
+
+def _noise(metric: str) -> float:
+    if "throughput" in metric:
+        return THROUGHPUT_NOISE
+    if metric == "goodput":
+        # Requests meeting the SLO per second: as steady as throughput while
+        # the SLO holds with room, as noisy as the tail it limits near it.
+        return GOODPUT_NOISE
+    return NOISE.get(metric.rpartition("_")[2], 0.25)
+
+
+def _reference(profile: Profile, metric: str,
+               obj: Objective | None = None) -> tuple[float, float, str] | None:
+    """(tuned value, noise band as a share, where both came from).
+
+    The confirmation's medians are in the units of the objective's own
+    value (``Objective.confirmed_metric``: req/s for goodput, the latency
+    for a Pareto point), so they are the reference for that metric only;
+    any other metric is read from the search's measurement of the winner."""
+    obj = obj or get_objective(
+        (profile.metrics.get("objective") or {}).get("name") or "e2e_p99")
     best = profile.metrics.get("best") or {}
     value = metric_value(best, metric) if best else None
     source = "the search's measurement"
     conf = (profile.metrics.get("confirmation") or {}).get(str(profile.study.trial))
     spread = 0.0
-    if isinstance(conf, dict) and isinstance(conf.get("median"), (int, float)):
+    if metric == obj.confirmed_metric and isinstance(conf, dict) \
+            and isinstance(conf.get("median"), (int, float)):
         value, source = float(conf["median"]), "the median of its confirmation runs"
         vals = [float(v) for v in conf.get("values") or [] if isinstance(v, (int, float))]
         if len(vals) >= 2 and value > 0:
             spread = max(abs(v - value) for v in vals) / value
-    if value is None:
-        obj = profile.metrics.get("objective") or {}
-        if obj.get("name") == metric and isinstance(obj.get("best"), (int, float)):
-            value, source = float(obj["best"]), "the objective's best"
+    if value is None and metric == obj.confirmed_metric:
+        best_value = (profile.metrics.get("objective") or {}).get("best")
+        if isinstance(best_value, (int, float)) and not isinstance(best_value, bool):
+            value, source = float(best_value), "the objective's best"
     if value is None:
         return None
-    base = THROUGHPUT_NOISE if "throughput" in metric else \
-        NOISE.get(metric.rpartition("_")[2], 0.25)
-    return float(value), max(base, spread), source
+    return float(value), max(_noise(metric), spread), source
 
 
 def check(profile: Profile, url: str, *, requests: int | None = None, repeat: int = 1,
@@ -133,8 +176,10 @@ def check(profile: Profile, url: str, *, requests: int | None = None, repeat: in
                          f"{profile.engine.name!r}", hint="available: "
                          + ", ".join(sorted(ENGINES)))
     obj_name = (profile.metrics.get("objective") or {}).get("name") or "e2e_p99"
-    get_objective(obj_name.split(":")[0])  # refuses an unknown name before any request
-    served, root = served_model(url)
+    obj = get_objective(obj_name)  # refuses an unknown name before any request
+    # check has no --model: the served name is compared with the profile's.
+    served, root = served_model(url, hint="is --url the server's base URL (the one "
+                                "that answers /v1/models)?")
     reports = {p: t for p in engine.report_paths()
                if (t := _get(url.rstrip("/") + p)) is not None}
     running = engine.running_config(reports)
@@ -186,23 +231,35 @@ def check(profile: Profile, url: str, *, requests: int | None = None, repeat: in
             out.update(verdict=f"slower than tuned: at its capacity ({at}) {broke[0]} "
                        f"({len(broke)} of {len(runs)} runs)", exit_code=SLOWER)
         return out
-    metric = obj_name if obj_name not in ("goodput", "pareto") else "e2e_p99"
-    metric = metric.split(":")[0]
-    ref = _reference(profile, metric)
-    vals = [v for r in runs if (v := metric_value(r, metric)) is not None]
-    if ref is None or not vals:
-        raise InputError(f"profile {profile.name}: no measured {metric} to compare with",
-                         hint="check a profile written by qtune search")
-    tuned, band, source = ref
-    now = statistics.median(vals)
-    worse = (now / tuned - 1) if lower_is_better(metric) else (tuned / now - 1 if now
-                                                              else float("inf"))
-    out["compare"] = {"metric": metric, "tuned": tuned, "now": now, "noise": band,
-                      "tuned_from": source, "worse_by": worse}
-    if worse > band:
-        out.update(verdict=f"slower than tuned by {worse:.0%} on {metric} ({now:.1f} "
-                   f"against {tuned:.1f}; noise {band:.0%})", exit_code=SLOWER)
+    compared = []
+    for metric in obj.judged_metrics:
+        ref = _reference(profile, metric, obj)
+        vals = [v for r in runs if (v := metric_value(r, metric)) is not None]
+        if ref is None or not vals:
+            raise InputError(f"profile {profile.name}: no measured {metric} to compare "
+                             f"with ({obj.name} profile)",
+                             hint="check a profile written by qtune search")
+        tuned, band, source = ref
+        compared.append(Comparison(metric, tuned, statistics.median(vals), band, source))
+    # "compare": the objective's own metric (the first), as before; every
+    # judged metric in "compared".
+    out["compare"] = compared[0].to_dict()
+    out["compared"] = [c.to_dict() for c in compared]
+    slower = [c for c in compared if c.slower]
+    if slower:
+        c = slower[0]
+        out.update(verdict=f"slower than tuned by {c.worse_by:.0%} on {c.metric} "
+                   f"({_num(c.now)} against {_num(c.tuned)}; noise {c.noise:.0%})",
+                   exit_code=SLOWER)
     else:
-        out.update(verdict=f"as tuned: {metric} {now:.1f} against {tuned:.1f} "
-                   f"(within the {band:.0%} noise)", exit_code=AS_TUNED)
+        out.update(verdict="as tuned: " + ", ".join(
+            f"{c.metric} {_num(c.now)} against {_num(c.tuned)}" for c in compared)
+            + f" (within the {max(c.noise for c in compared):.0%} noise)",
+            exit_code=AS_TUNED)
     return out
+
+
+def _num(v: float) -> str:
+    """A figure in a verdict: 3 significant digits, so 0.42 req/s and
+    1234 ms both read (``:.1f`` printed a goodput of 0.04 as 0.0)."""
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"

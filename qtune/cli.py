@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from qtune import __version__
 from qtune.errors import QtuneError, mask_url, redact
@@ -26,13 +25,131 @@ from qtune.errors import QtuneError, mask_url, redact
 if TYPE_CHECKING:
     from qtune.load.workload import Workload
 
-app = typer.Typer(
+class _Help(TyperCommand):
+    """Every command's --help: options in panels (``_PANELS``), flags
+    without a ``<bool>`` metavar (it suggested ``--json true``, which fails),
+    and every default written one way, "(default: X)" in the help text
+    (rich reads "[default X]" as a style tag)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _tidy_help(self, ctx)
+        super().format_help(ctx, formatter)
+
+
+class _Group(TyperGroup):
+    """qtune's own --help: its flags without a ``<bool>`` metavar too (three
+    options: no panels)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _tidy_help(self, ctx, panels=False)
+        super().format_help(ctx, formatter)
+
+
+def _tidy_help(command: Any, ctx: Any, panels: bool = True) -> None:
+    """Panels, types and defaults of a command's options (``_Help``)."""
+    own = _COMMAND_PANELS.get(command.name or "", {}) if panels else {}
+    for param in command.get_params(ctx):
+        if not isinstance(param, TyperOption):
+            continue
+        panel = own.get(param.name or "") or (_PANELS.get(param.name or "") if panels
+                                              else None)
+        if panel and not getattr(param, "rich_help_panel", None):
+            param.rich_help_panel = panel
+        # One short type column (no "<float range> [0.0<=x<=1.0]" that
+        # squeezed the option names to "--max-quality-lo…" at 80
+        # columns); a flag takes no value, so none.
+        compact = None if param.is_flag else (
+            param.display_type(ctx) or "").replace(" range", "")
+        param.display_type_rich = functools.partial(  # type: ignore[method-assign]
+            _shown_type, compact)
+        param._get_number_range_help_str = str  # type: ignore[method-assign]
+        default = param.default
+        if param.show_default and param.name != "help" and "(default" not in (
+                param.help or ""):
+            shown = _shown_default(param, default)
+            if shown:
+                text = (param.help or "").rstrip()
+                param.help = (f"{text[:-1]} (default: {shown})." if text.endswith(".")
+                              else f"{text} (default: {shown})").strip()
+        param.show_default = False
+    # Panels in one order on every command (Typer shows them in the
+    # order their first option comes): what is worked on, how, the output.
+    order = ["Study", "Server", "Engine", "Workload", "Search", "Measurement",
+             "Confirmation", "Quality", "Fleet", "Deployment", "Output"]
+    command.params.sort(
+        key=lambda p: order.index(str(getattr(p, "rich_help_panel", "")))
+        if getattr(p, "rich_help_panel", None) in order else -1)
+
+
+def _shown_type(shown: str | None, ctx: Any) -> str | None:
+    return shown
+
+
+def _shown_default(param: TyperOption, default: Any) -> str | None:
+    if default is None or callable(default):
+        return None
+    if param.is_flag:
+        # a flag pair (--memory-check/--no-memory-check) says which is on
+        return param.opts[0] if default is True and param.secondary_opts else None
+    if isinstance(default, (list, tuple)):
+        return None if not default else ", ".join(map(str, default))
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+# Help panels, by parameter name (``_COMMAND_PANELS``: a command's own
+# meaning of a shared name).  The groups issue 30 item 5 will make config
+# objects: engine, workload, search, confirmation, quality, fleet, output.
+_PANEL_NAMES: dict[str, tuple[str, ...]] = {
+    "Engine": ("model", "engine", "engine_python", "max_model_len", "startup_timeout"),
+    "Workload": ("rate", "concurrency", "input_len", "output_len", "requests", "duration",
+                 "warmup", "seed", "arrival", "burstiness", "dataset", "prefix_count",
+                 "prefix_len", "endpoint", "request_timeout", "stall_timeout",
+                 "workload"),
+    "Search": ("trials", "objective", "slo", "space", "sampler", "sampler_seed",
+               "time_budget", "no_memory_check", "prune_margin", "levels",
+               "capacity_tolerance", "capacity_window"),
+    "Confirmation": ("confirm_top", "confirm_repeats", "speculative", "pick"),
+    "Quality": ("exact", "lossy", "max_quality_loss"),
+    "Fleet": ("study", "storage", "gpus", "finish", "allow_mixed_hosts", "heartbeat"),
+    "Output": ("out", "output", "force", "json_out", "csv", "html", "parquet", "capture",
+               "help"),
+}
+_PANELS = {name: panel for panel, names in _PANEL_NAMES.items() for name in names}
+_SERVER = {"url": "Server", "model": "Server", "tokenizer": "Server",
+           "no_metrics": "Server", "reset_prefix_cache": "Server",
+           "gauge_interval": "Server"}
+_COMMAND_PANELS: dict[str, dict[str, str]] = {
+    "bench": {**_SERVER, **{k: "Measurement" for k in (
+        "slo", "repeat", "find_capacity", "capacity_window", "capacity_tolerance")}},
+    "check": {"url": "Server", "requests": "Measurement", "repeat": "Measurement"},
+    "report": {"study": "Study", "storage": "Study"},
+    "dashboard": {"study": "Study", "storage": "Study"},
+    "emit": {"image": "Deployment", "autoscale": "Deployment",
+             "max_replicas": "Deployment", "prometheus_url": "Deployment",
+             "format": "Deployment"},
+}
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class _App(typer.Typer):
+    """Every command gets ``_Help`` unless it names its own class."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[_F], _F]:
+        kwargs.setdefault("cls", _Help)
+        return super().command(*args, **kwargs)
+
+
+app = _App(
+    cls=_Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,  # locals may hold tokens; we render errors
     help="Tune an LLM inference server on this host, and deploy the winner.",
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
-_state = {"debug": False}
+_state = {"debug": False, "json": False, "json_printed": False}
 
 
 def _version(value: bool) -> None:
@@ -45,14 +162,33 @@ def _version(value: bool) -> None:
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True)
+        bool, typer.Option("--version", callback=_version, is_eager=True,
+                           help="Print qtune's version.")
     ] = False,
 ) -> None:
     _state["debug"] = debug
 
 
 def _print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    from qtune import jsonout
+
+    sys.stdout.write(jsonout.dumps(obj) + "\n")
+    _state["json_printed"] = True
+
+
+def _json_mode(value: bool) -> bool:
+    # Set while the arguments are read, so that main answers a failure
+    # after it in JSON too.
+    if value:
+        _state["json"] = True
+    return value
+
+
+def _json_error(message: str, hint: str | None, code: int, kind: str) -> None:
+    """A failed ``--json`` command's one object: a script reads ``error``
+    (and ``exit_code``) instead of parsing stderr."""
+    if not _state["json_printed"]:
+        _print_json({"error": message, "hint": hint, "kind": kind, "exit_code": code})
 
 
 EnginePython = Annotated[
@@ -63,7 +199,10 @@ EnginePython = Annotated[
         "(default: this one), or one per engine: vllm=PATH,sglang=PATH.",
     ),
 ]
-JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+JsonOut = Annotated[bool, typer.Option(
+    "--json", callback=_json_mode, is_eager=True,
+    help="Print one JSON object on stdout, also on failure (with error, hint "
+    "and exit_code).")]
 Force = Annotated[bool, typer.Option(
     "--force", help="Replace an output file even if it is read-only (it stays "
     "read-only). Devices, FIFOs, folders and links are never replaced.")]
@@ -103,30 +242,30 @@ def probe(
 # Help texts name their choices and defaults as {placeholders}, filled in from
 # the library when help is shown (``_Command``): the registries live in modules
 # (Optuna's samplers, the engine adapters, the load client) that a command which
-# does not need them should not pay to import.  Defaults are written "(default
-# N)": rich reads "[default N]" as a style tag and drops it.
+# does not need them should not pay to import.  Defaults are written "(default:
+# N)" (``_Help``): rich reads "[default N]" as a style tag and drops it.
 Rate = Annotated[float | None, typer.Option(
     help="Requests per second (Poisson arrivals unless --arrival constant).")]
 Concurrency = Annotated[int | None, typer.Option(
-    help="Fixed number of in-flight requests (default {concurrency} without --rate).")]
+    help="Fixed number of in-flight requests (default: {concurrency} without --rate).")]
 InputLen = Annotated[str | None, typer.Option(
-    help="Prompt tokens: 256, 128-512 (uniform) or normal:256:64 (default {input_len}).")]
+    help="Prompt tokens: 256, 128-512 (uniform) or normal:256:64 (default: {input_len}).")]
 OutputLen = Annotated[str | None, typer.Option(
-    help="Output tokens, same forms as --input-len (default {output_len}).")]
+    help="Output tokens, same forms as --input-len (default: {output_len}).")]
 Requests = Annotated[int | None, typer.Option(
-    help="Measured requests per run (default {requests} unless --duration; with "
+    help="Measured requests per run (default: {requests} unless --duration; with "
     "--duration, no count bound unless given).")]
 Duration = Annotated[float | None, typer.Option(
     help="Measured seconds per run (runs the whole time unless --requests ends "
     "it first).")]
 RequestTimeout = Annotated[float | None, typer.Option(
     help="Seconds one request may take in all; past it, a failed request "
-    "('timeout') (default {request_timeout}).")]
+    "('timeout') (default: {request_timeout}).")]
 StallTimeout = Annotated[float | None, typer.Option(
     help="Seconds a started stream may send nothing; past it, a failed request "
-    "('stalled') (default {stall_timeout}).")]
+    "('stalled') (default: {stall_timeout}).")]
 Warmup = Annotated[int | None, typer.Option(
-    help="Warm-up requests, not counted (default {warmup_requests}).")]
+    help="Warm-up requests, not counted (default: {warmup_requests}).")]
 Seed = Annotated[int | None, typer.Option(help="Seed for prompts and arrivals.")]
 Arrival = Annotated[str | None, typer.Option(help="{arrivals} (with --rate).")]
 Burstiness = Annotated[float | None, typer.Option(
@@ -141,7 +280,7 @@ Endpoint = Annotated[str | None, typer.Option(help="{endpoints}.")]
 WorkloadFile = Annotated[Path | None, typer.Option(
     "--workload", help="YAML file with the same keys (flags override it).")]
 SloOpt = Annotated[str | None, typer.Option(
-    help="Constraints, e.g. 'ttft_p99<=500ms,tpot_p99<=50ms,e2e_p99<=3s'.")]
+    help="Constraints, comma-separated: 'ttft_p99<=500ms,e2e_p99<=3s'.")]
 
 # The options search and bench share, in their --help order: option (parameter)
 # name, its type, and the Workload field it sets (None: the --workload file).
@@ -244,7 +383,7 @@ def _help_fill() -> dict[str, str]:
     }
 
 
-class _Command(TyperCommand):
+class _Command(_Help):
     """A command whose options' help is completed (see ``_help_fill``) only
     when it is shown."""
 
@@ -265,8 +404,8 @@ def search(
     model: Annotated[
         str | None,
         typer.Option(help="Model folder (config.json; weights optional) or a "
-                     "Hugging Face id already in the local cache. Default: "
-                     "qtune's embedded tiny model."),
+                     "Hugging Face id already in the local cache (default: "
+                     "qtune's embedded tiny model)."),
     ] = None,
     engine: Annotated[str, typer.Option(help="Engine adapter: {engines}.")] = "vllm",
     engine_python: EnginePython = None,
@@ -290,7 +429,8 @@ def search(
                      "grpc://HOST:PORT of qtune storage-proxy."),
     ] = None,
     out: Annotated[
-        Path | None, typer.Option(help="Profile path (default profiles/<study>.yaml).")
+        Path | None, typer.Option("--out", "-o",
+                                  help="Profile path (default: profiles/<study>.yaml).")
     ] = None,
     max_model_len: Annotated[
         int | None, typer.Option(help="Pass --max-model-len to the engine.")
@@ -302,15 +442,17 @@ def search(
         help="{samplers}")] = "tpe",
     time_budget: Annotated[float | None, typer.Option(
         help="Minutes for the whole study; no trial starts that would not fit.")] = None,
-    memory_check: Annotated[bool, typer.Option(
-        help="Skip configs predicted not to fit in memory (recorded, not launched).")
-    ] = True,
+    no_memory_check: Annotated[bool, typer.Option(
+        "--no-memory-check", help="Launch configs predicted not to fit in memory "
+        "(by default they are skipped: recorded, not launched).")] = False,
+    memory_check_on: Annotated[bool, typer.Option(  # the default, kept for old scripts
+        "--memory-check", hidden=True)] = False,
     confirm_top: Annotated[int | None, typer.Option(
         min=0, help="After the search, re-measure this many best configs and the engine "
-        "defaults on fresh starts (0: off; default 3, or with --time-budget as many "
+        "defaults on fresh starts, 0: off (default: 3, or with --time-budget as many "
         "as fit in 30% of it).")] = None,
     confirm_repeats: Annotated[int | None, typer.Option(
-        min=1, help="Fresh starts per confirmed config, interleaved (default 2, or "
+        min=1, help="Fresh starts per confirmed config, interleaved (default: 2, or "
         "with --time-budget as many as fit).")] = None,
     capacity_tolerance: Annotated[float, typer.Option(
         help="--objective capacity: narrow each capacity's bracket [held, failed) to "
@@ -329,9 +471,11 @@ def search(
         help="Seed of the sampler alone (default: --seed), to vary the search "
         "over the same workload.")] = None,
     exact: Annotated[bool, typer.Option(
+        "--exact",
         help="Keep the model's numerics: leave fp8 KV cache and fp8 weights "
         "out of the space.")] = False,
     lossy: Annotated[bool, typer.Option(
+        "--lossy",
         help="Search fp8 KV cache and fp8 weights even where their answer quality "
         "cannot be measured (random weights); the profile and every emitted file then "
         "say so. Without it they are searched only where the quality gate runs.")
@@ -349,9 +493,11 @@ def search(
         help="This worker's GPUs: indices (0,1; one index: 1,) or a count of "
         "GPUs no other qtune on this host holds. Its servers see only these.")] = None,
     finish: Annotated[bool, typer.Option(
+        "--finish",
         help="With --study: only confirm the top configs and write the profile "
         "of a study that workers ran (the last worker does it itself).")] = False,
     allow_mixed_hosts: Annotated[bool, typer.Option(
+        "--allow-mixed-hosts",
         help="Let this worker join a study measured on other GPUs or another "
         "engine version.")] = False,
     heartbeat: Annotated[int, typer.Option(
@@ -378,7 +524,7 @@ def search(
                      startup_timeout=startup_timeout,
                      seed=wl.seed if sampler_seed is None else sampler_seed, sampler=sampler,
                      time_budget=time_budget * 60 if time_budget else None,
-                     memory_check=memory_check,
+                     memory_check=not no_memory_check,
                      confirm_top=3 if confirm_top is None else confirm_top,
                      confirm_repeats=2 if confirm_repeats is None else confirm_repeats,
                      confirm_fixed=confirm_top is not None or confirm_repeats is not None,
@@ -432,6 +578,7 @@ def bench(
     repeat: Annotated[int, typer.Option(min=1, help="Measurements (interleaved "
                                         "across URLs); medians with 95% CI.")] = 1,
     find_capacity: Annotated[bool, typer.Option(
+        "--find-capacity",
         help="Find the highest rate (or concurrency) that meets --slo and that "
         "the server keeps up with.")] = False,
     capacity_window: Annotated[float, typer.Option(
@@ -443,6 +590,7 @@ def bench(
     no_metrics: Annotated[bool, typer.Option(
         "--no-server-metrics", help="Do not read the server's /metrics.")] = False,
     reset_prefix_cache: Annotated[bool, typer.Option(
+        "--reset-prefix-cache",
         help="Empty the server's prefix cache before each measured run, where it "
         "offers that (vLLM with VLLM_SERVER_DEV_MODE=1, SGLang). Off by default: it "
         "changes a server qtune did not start. Runs use fresh prompts either way.")
@@ -450,10 +598,13 @@ def bench(
     gauge_interval: Annotated[float | None, typer.Option(
         min=0.0, max=3600.0, help="Read the server's gauges (running, waiting, KV use) "
         "every S seconds during the run, over a connection of their own; 0: counters "
-        "only, before and after the run.  Default: 5 on a host with 8 or more CPUs, "
-        "else 0 (on 2 cores the reads slow the server measured).")] = None,
+        "only, before and after the run (default: 5 on a host with 8 or more CPUs, "
+        "else 0: on 2 cores the reads slow the server measured).")] = None,
     csv: Annotated[Path | None, typer.Option(
         help="Write one row per run (or per capacity step) here.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write the result here, as its suffix says: .json (the "
+        "--json object) or .csv (as --csv).")] = None,
     force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
@@ -470,10 +621,26 @@ def bench(
                          hint="compare more configs pairwise")
     for u in url:
         check_url(u)
-    if csv is not None:  # before the first request, not after the last
+    json_file = None
+    if out is not None:  # -o/--out: the one spelling; the format from the suffix
+        from qtune.errors import InputError
+
+        if out.suffix.lower() == ".json":
+            json_file = out
+        elif out.suffix.lower() != ".csv":
+            raise InputError(f"-o {out}: cannot tell the format from "
+                             f"{out.suffix or 'no suffix'}", hint="end it in .json or .csv")
+        elif csv is not None:
+            raise InputError(f"-o {out} and --csv {csv} both name the CSV file",
+                             hint="give one of -o and --csv")
+        else:
+            csv = out
+    if csv is not None or json_file is not None:  # before the first request
         from qtune.files import check_target
 
-        check_target(csv, "--csv", force=force)
+        for path, flag in ((csv, "--csv"), (json_file, "-o")):
+            if path is not None:
+                check_target(path, flag, force=force)
     wl = load.workload()
     cfg = BenchConfig(urls=url, workload=wl, model=model, tokenizer=tokenizer,
                       slo=parse_slo(slo), repeat=repeat, find_capacity=find_capacity,
@@ -492,6 +659,11 @@ def bench(
         from qtune.files import write_atomic
 
         write_atomic(csv, _bench_csv(res), force=force, what="--csv")
+    if json_file is not None:
+        from qtune import jsonout
+        from qtune.files import write_atomic
+
+        write_atomic(json_file, jsonout.dumps(res) + "\n", force=force, what="-o")
     if json_out:
         _print_json(res)
     else:
@@ -549,7 +721,7 @@ def check(
     """Is a running server still as tuned? Config, then speed. Launches nothing.
 
     Exit 0 as tuned, 4 slower than tuned (outside the noise), 5 not the tuned
-    config."""
+    config, 6 the server does not answer, 1 bad input."""
     from urllib.parse import urlsplit
 
     from qtune import console
@@ -575,29 +747,53 @@ def check(
 
 @app.command()
 def report(
-    study: Annotated[str, typer.Argument(help="Study name (studies/<name>.log).")],
+    study: Annotated[str, typer.Argument(
+        help="Study name (studies/<name>.log), or a journal file's path.")],
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL.")] = None,
     csv: Annotated[Path | None, typer.Option(help="Write the trials table as CSV.")] = None,
     parquet: Annotated[Path | None, typer.Option(
         help="Write the trials table as Parquet (needs pyarrow).")] = None,
     html: Annotated[Path | None, typer.Option(
         help="Write a self-contained HTML report.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write the report here, as its suffix says: .html (the "
+        "page), .csv or .parquet (the trials table).")] = None,
     force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
-    """Summarise a study: trials table, exports, HTML report."""
+    """Summarise a study: the recommendation, trials table, exports, HTML page."""
     from qtune import console
     from qtune.report import report as do_report
 
+    if out is not None:  # -o/--out: the one spelling; the format from the suffix
+        csv, parquet, html = _by_suffix(out, csv=csv, parquet=parquet, html=html)
     res = do_report(study, storage, csv=csv, parquet=parquet, html_path=html,
                     force=force)
     if json_out:
         _print_json(res)
     else:
+        console.render_recommendation(res["recommendation"])
         console.render_report(res)
         for label, path in (("csv", csv), ("parquet", parquet), ("html", html)):
             if path:
                 console.err.print(f"wrote {label}: {path}")
+
+
+def _by_suffix(out: Path, **given: Path | None) -> tuple[Path | None, ...]:
+    """``report -o FILE``: FILE as the export its suffix names (csv,
+    parquet, html), the others as given."""
+    from qtune.errors import InputError
+
+    kind = {".htm": "html", ".html": "html", ".csv": "csv",
+            ".parquet": "parquet"}.get(out.suffix.lower())
+    if kind is None:
+        raise InputError(f"-o {out}: cannot tell the format from {out.suffix or 'no suffix'}",
+                         hint="end it in .html, .csv or .parquet")
+    if given[kind] is not None:
+        raise InputError(f"-o {out} and --{kind} {given[kind]} both name the {kind} file",
+                         hint=f"give one of -o and --{kind}")
+    given[kind] = out
+    return given["csv"], given["parquet"], given["html"]
 
 
 @app.command()
@@ -680,8 +876,10 @@ def emit(
     format: Annotated[str, typer.Option(
         "--format", "-f", help="{emitters}")] = "systemd",
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Write here (atomically).")
+        Path | None, typer.Option("--out", "-o", help="Write here (atomically).")
     ] = None,
+    output_old: Annotated[  # the spelling before -o/--out on every command
+        Path | None, typer.Option("--output", hidden=True)] = None,
     image: Annotated[str | None, typer.Option(
         help="Container image for compose/kubernetes (default: the engine's "
              "published image at the tuned version).")] = None,
@@ -702,6 +900,7 @@ def emit(
     from qtune.files import check_target, write_atomic
     from qtune.profile import Profile
 
+    output = output or output_old
     if output is not None:  # before the profile is read
         check_target(output, "-o", force=force)
     prof = Profile.load(profile)
@@ -728,6 +927,7 @@ def main() -> None:
     from qtune.server import install_signal_handlers
 
     install_signal_handlers()
+    _state.update(json=False, json_printed=False)  # one command per call
     try:
         from qtune.deps import check as check_libraries
 
@@ -744,20 +944,29 @@ def main() -> None:
         from qtune import console
 
         console.render_error(exc)
-        sys.exit(1)
+        if _json_wanted():
+            _json_error(exc.message, exc.hint, exc.exit_code, _kind(exc))
+        sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
+        _interrupted_json()
         sys.exit(130)
     except KeyboardInterrupt:
         from qtune import console
 
         console.err.print("interrupted: servers stopped, study saved")
+        _interrupted_json()
         sys.exit(130)
     except Exception as exc:  # click usage errors and the unexpected
         # Usage errors (typer vendors its own click: match by shape).
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()
+            if _json_wanted():
+                ctx = getattr(exc, "ctx", None)
+                where = ctx.command_path if ctx is not None else "qtune"
+                _json_error(redact(getattr(exc, "format_message", str)()),
+                            f"{where} --help", exc.exit_code, "usage")
             sys.exit(exc.exit_code)
         if _state["debug"]:
             raise
@@ -766,4 +975,25 @@ def main() -> None:
         console.err.print(f"internal error: {redact(type(exc).__name__)}: "
                           f"{redact(str(exc))[:300]}")
         console.err.print("hint: re-run with --debug for the traceback, and report it")
+        if _json_wanted():
+            _json_error(f"internal error: {redact(type(exc).__name__)}: "
+                        f"{redact(str(exc))[:300]}",
+                        "re-run with --debug for the traceback, and report it", 1,
+                        "internal")
         sys.exit(1)
+
+
+def _json_wanted() -> bool:
+    # A usage error can come before the --json option is read: then its
+    # presence on the command line decides.
+    return _state["json"] or "--json" in sys.argv[1:]
+
+
+def _kind(exc: QtuneError) -> str:
+    """``InputError`` -> ``input``: the error's kind as errors.md lists it."""
+    return type(exc).__name__.removesuffix("Error").lower() or "qtune"
+
+
+def _interrupted_json() -> None:
+    if _json_wanted():
+        _json_error("interrupted", None, 130, "interrupted")

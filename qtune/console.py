@@ -25,7 +25,9 @@ out = Console(highlight=False)
 def render_error(exc: QtuneError) -> None:
     err.print(Text("error: ", style="bold red") + Text(exc.message))
     if exc.hint:
-        err.print(Text("hint: ", style="yellow") + Text(exc.hint))
+        # Not wrapped at the terminal's width: a hint that is a command is
+        # pasted whole (a wrap mid-command broke it at 80 columns).
+        err.print(Text("hint: ", style="yellow") + Text(exc.hint), soft_wrap=True)
 
 
 def _gib(b: int | None) -> str:
@@ -636,8 +638,8 @@ def render_check(res: dict[str, Any]) -> None:
         out.print("not reported by the server, not checked: " + ", ".join(cfg["not_checked"]))
     if res.get("tokenizer_warning"):
         out.print(Text("warning: " + res["tokenizer_warning"], style="yellow"))
-    c = res.get("compare")
-    if c:
+    # A Pareto point is judged on both its coordinates ("compared").
+    for c in res.get("compared") or ([res["compare"]] if res.get("compare") else []):
         out.print(f"{c['metric']}: now {_fmt(c['now'])}, tuned {_fmt(c['tuned'])} "
                   f"({c['tuned_from']}), noise {c['noise']:.0%}")
     style = "green" if res["exit_code"] == 0 else "red"
@@ -708,3 +710,48 @@ def render_report(res: dict[str, Any]) -> None:
         out.print("importance: " + ", ".join(
             f"{k} {v:.2f}" for k, v in sorted(res["importances"].items(),
                                               key=lambda kv: -kv[1])))
+
+
+def render_recommendation(rec: dict[str, Any]) -> None:
+    """The report's first screen (``qtune.recommendation``): what to run,
+    its figure against the engine defaults, on what, the quality verdict
+    and the command that deploys it.  Plain text, no markup: flags carry
+    brackets and the study's strings are not ours."""
+    out.print(Text("Recommendation", style="bold"))
+    out.print(Text(printable(rec["headline"]), style="green" if rec["trial"] is not None
+                   else "red"), soft_wrap=False)
+    if rec["trial"] is None:
+        return
+    if rec["kept_defaults"]:
+        out.print(Text("  config:    the engine defaults (nothing to change)"))
+    elif rec["flags"]:
+        out.print(Text(printable(f"  config:    trial {rec['trial']}: "
+                                 + " ".join(rec["flags"]))))
+    f = rec.get("figure")
+    if f:
+        gain = f"{f['ratio']:.2f}x" if f.get("ratio") is not None else "no ratio"
+        interval = ""
+        if f.get("interval"):
+            lo, hi = f["interval"]
+            interval = f" [{lo:.2f}, {'inf' if hi is None else f'{hi:.2f}'}]"
+        out.print(Text(f"  figure:    {f['metric']} {_fmt(f['best'])} {f['unit']} against the "
+                       f"defaults' {_fmt(f['baseline'])} {f['unit']}: {gain}{interval} "
+                       f"({f['basis']})"))
+        out.print(Text(printable("  confirmed: " + (
+            "yes, on fresh starts" if f["confirmed"] else f"no: {f['why_not_confirmed']}")),
+                       style="" if f["confirmed"] else "yellow"))
+        if f.get("bracket"):
+            held, failed = f["bracket"]
+            out.print(Text(f"  bracket:   held {held:g} {f['unit']}, failed at "
+                           + ("none above it" if failed is None else f"{failed:g}")))
+        if f.get("decided"):
+            out.print(Text(printable(f"  decided:   {f['decided']}")))
+    on = rec["measured_on"]
+    out.print(Text(printable(f"  measured:  {on['accelerator']}, {on['engine']}, "
+                             f"model {on['model']}")))
+    out.print(Text(printable(f"  workload:  {on['workload']}")))
+    out.print(Text(printable(f"  quality:   {rec['quality']}")))
+    if rec.get("emit_command"):
+        # One line, never wrapped: it is pasted whole.
+        out.print(Text("  deploy:    " + rec["emit_command"]), soft_wrap=True)
+    out.print()

@@ -13,6 +13,7 @@ records it as data and goes on.
      ├── EngineError       engine missing or not runnable from --engine-python
      ├── StudyError        storage or study name problems
      ├── SetupError        a library qtune needs missing, or at an untested version
+     ├── UnreachableError  a server to measure that does not answer at all (exit 6)
      └── ServerError       a server that failed to start or died (trial-level;
                            the search catches it, a single `verify` does not)
 """
@@ -81,7 +82,10 @@ def printable(text: str) -> str:
 
 
 class QtuneError(Exception):
-    """Base of every user-facing error: ``message`` plus an optional ``hint``."""
+    """Base of every user-facing error: ``message`` plus an optional ``hint``.
+    ``exit_code``: what ``qtune`` exits with (docs/reference/errors.md)."""
+
+    exit_code = 1
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         message = printable(redact(message))
@@ -116,6 +120,14 @@ class StudyError(QtuneError):
 class SetupError(QtuneError):
     """A library qtune needs is missing, or installed at a version outside
     the range qtune was tested with."""
+
+
+class UnreachableError(QtuneError):
+    """A server qtune was pointed at (``check``, ``bench``) refused the
+    connection, timed out or has no route: a cron job tells "down" (6)
+    from bad input (1) and a drifted server (4, 5)."""
+
+    exit_code = 6
 
 
 class ServerError(QtuneError):

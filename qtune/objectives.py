@@ -32,6 +32,33 @@ class Objective:
     prunable: bool = False
     help: str = ""
 
+    @property
+    def is_pareto(self) -> bool:
+        return self.direction == "pareto"
+
+    @property
+    def sign(self) -> int:
+        """+1 when lower is better, -1 when higher is: ``min(key=sign * v)``
+        picks the best.  Pareto: its single value is its latency."""
+        return -1 if self.direction == "maximize" else 1
+
+    @property
+    def judged_metrics(self) -> tuple[str, ...]:
+        """What one run at the profile's load is compared on (``qtune
+        check``): the objective's own metric; for a Pareto point both its
+        coordinates, since a point that kept its latency by losing
+        throughput has moved along the front, not stayed on it.  Capacity
+        is judged apart (does the SLO hold at it?): its metric is goodput."""
+        if self.is_pareto:
+            return (self.run_metric, "throughput")
+        return (self.run_metric,)
+
+    @property
+    def confirmed_metric(self) -> str | None:
+        """The metric the confirmation's medians are in (the study's value):
+        the run metric, except capacity (a load, not a run's metric)."""
+        return None if self.name == "capacity" else self.run_metric
+
     def value(self, summary: dict[str, Any]) -> float | None:
         """The objective's value in a measurement summary (for pareto, its
         latency: throughput is the study's other value)."""
@@ -100,6 +127,15 @@ def lower_is_better(metric: str) -> bool:
     if found is not None:
         return found.direction == "minimize"
     return "throughput" not in metric
+
+
+def worse_by(metric: str, tuned: float, now: float) -> float:
+    """How much worse ``now`` is than ``tuned`` as a share, in ``metric``'s
+    own sense (negative: better).  A throughput of 0 now is infinitely
+    worse; a latency of 0 tuned cannot be compared (inf)."""
+    if lower_is_better(metric):
+        return now / tuned - 1 if tuned > 0 else float("inf")
+    return tuned / now - 1 if now > 0 else float("inf")
 
 
 _SLO_METRICS = ("ttft", "tpot", "itl", "e2e")

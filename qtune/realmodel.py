@@ -16,12 +16,12 @@ decide whether vLLM serves the real model (see ``tied_weights``).
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any, TypeVar
 
+from qtune import jsonout
 from qtune.errors import ModelError
 
 REAL_NAME = "smollm2-135m"
@@ -132,5 +132,5 @@ def _build(gguf: Path, out: Path) -> None:
     # name fields would only carry this machine's site-packages path.
     for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
         config.pop(key, None)
-    (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    (out / "config.json").write_text(jsonout.dumps(config) + "\n")
     model.generation_config.to_json_file(str(out / "generation_config.json"))

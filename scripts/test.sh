@@ -18,6 +18,12 @@ if ! command -v promtool >/dev/null && [ "$(id -u)" = 0 ]; then
   # Emitted alert rules are checked by the real promtool (Debian's prometheus).
   apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
+if ! command -v chromium-headless-shell >/dev/null && [ "$(id -u)" = 0 ]; then
+  # The HTML report is looked at in a real headless browser
+  # (tests/test_report_screenshot.py; Debian's package, no download of its own).
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+    chromium-headless-shell >/dev/null
+fi
 if ! compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null && ! command -v pg_ctl >/dev/null \
     && [ "$(id -u)" = 0 ]; then
   # The fleet tests start a real PostgreSQL server (tests/fleet/conftest.py runs

@@ -109,10 +109,20 @@ def test_cli_bench_json(server, tmp_path):
     assert d["completed"] == 10 and d["failed"] == 0
     assert d["e2e_ms"]["p99"] >= d["e2e_ms"]["p50"]
     assert (tmp_path / "r.csv").read_text().startswith("ttft_p50")
+    # -o/--out: the JSON object as a file (strict JSON), its format by the suffix
+    r = subprocess.run([sys.executable, "-m", "qtune", "bench", "--url", server,
+                        "--concurrency", "2", "--requests", "6", "--input-len", "8",
+                        "--output-len", "3", "-o", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((tmp_path / "r.json").read_text(),
+                       parse_constant=lambda c: pytest.fail(f"non-strict {c}"))
+    assert saved["completed"] == 6
+    # a server that does not answer: 6, not 1 (bad input)
     bad = subprocess.run([sys.executable, "-m", "qtune", "bench", "--url",
                           "http://127.0.0.1:9", "--requests", "2"],
                          capture_output=True, text=True, env=env, timeout=60)
-    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert bad.returncode == 6 and "Traceback" not in bad.stderr
     assert bad.stderr.startswith("error: ")
 
 

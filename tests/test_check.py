@@ -8,9 +8,17 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qtune.check import _norm, _reference, compare_config
+from qtune.check import (
+    GOODPUT_NOISE,
+    THROUGHPUT_NOISE,
+    Comparison,
+    _norm,
+    _reference,
+    compare_config,
+)
 from qtune.engines.vllm import read_running_config
 from qtune.launch import RunningConfig
+from qtune.objectives import OBJECTIVES, get_objective, lower_is_better, worse_by
 from tests.fakes.profile import sample_profile
 
 # The shape of vLLM 0.32's line (every CacheConfig field is a label).
@@ -150,3 +158,121 @@ def test_speed_verdicts_against_a_running_server():
     finally:
         proc.kill()
         proc.wait()
+
+
+# -- every objective kind: what is judged, against which reference -----------
+
+def _objective_profile(name: str, best: dict, objective_best: float | None,
+                       conf_median: float | None = None, slo: list[str] | None = None,
+                       workload: dict | None = None):
+    conf = {"1": {"values": [conf_median, conf_median], "median": conf_median}} \
+        if conf_median is not None else None
+    direction = "pareto" if name.startswith("pareto") else get_objective(name).direction
+    return _prof(workload=workload or {}, slo=slo or [], metrics={
+        "objective": {"name": name, "direction": direction, "best": objective_best,
+                      "baseline": None},
+        "best": best, "confirmation": conf})
+
+
+def test_goodput_is_judged_on_goodput_in_its_own_units():
+    # The bug of issue 30: a goodput profile was judged on e2e_p99 against
+    # its confirmation median in req/s.
+    prof = _objective_profile("goodput", {"e2e_ms": {"p99": 900.0}}, 3.2, conf_median=3.0,
+                              slo=["e2e_p99<=2000ms"])
+    assert get_objective("goodput").judged_metrics == ("goodput",)
+    tuned, band, source = _reference(prof, "goodput")
+    assert tuned == 3.0 and "confirmation" in source and band == GOODPUT_NOISE
+    # Another metric never takes the objective's confirmation median.
+    assert _reference(prof, "e2e_p99")[0] == 900.0
+
+
+def test_throughput_reference_and_direction():
+    prof = _objective_profile("throughput", {"request_throughput": 5.0}, 5.0)
+    assert _reference(prof, "throughput") == (5.0, THROUGHPUT_NOISE,
+                                              "the search's measurement")
+    c = Comparison("throughput", tuned=5.0, now=4.0, noise=0.05, tuned_from="x")
+    assert c.slower and abs(c.worse_by - 0.25) < 1e-9
+    assert not Comparison("throughput", 5.0, 6.0, 0.05, "x").slower
+
+
+def test_pareto_is_judged_on_both_coordinates():
+    obj = get_objective("pareto:ttft_p99")
+    assert obj.judged_metrics == ("ttft_p99", "throughput")
+    prof = _objective_profile("pareto:ttft_p99", {"ttft_ms": {"p99": 40.0},
+                                                  "request_throughput": 2.0}, None)
+    assert _reference(prof, "ttft_p99")[0] == 40.0
+    assert _reference(prof, "throughput")[0] == 2.0
+
+
+def test_every_objective_has_a_sense():
+    for name in [*OBJECTIVES, "pareto", "pareto:tpot_p99"]:
+        obj = get_objective(name)
+        assert obj.sign in (1, -1) and obj.judged_metrics
+        for m in obj.judged_metrics:
+            # a 10% worse figure is worse in the metric's own sense
+            now = 110.0 if lower_is_better(m) else 100 / 1.1
+            assert abs(worse_by(m, 100.0, now) - 0.1) < 1e-9
+
+
+WL = {"input_len": 8, "output_len": 8, "concurrency": 2, "requests": 12,
+      "warmup_requests": 2}
+LOOSE = ["e2e_p99<=60000ms"]
+
+
+def _fake_server_profiles():
+    """For each objective kind, a profile the fake server beats by far
+    (as tuned) and one it cannot reach (slower)."""
+    def latency(name, metric, v):
+        base, _, pct = metric.rpartition("_")
+        return _objective_profile(name, {f"{base}_ms": {pct: v}}, v, workload=WL)
+
+    def rate(name, key, v, slo=None):
+        return _objective_profile(name, {key: v}, v, workload=WL, slo=slo)
+
+    return {
+        "e2e_p99": (latency("e2e_p99", "e2e_p99", 1e6), latency("e2e_p99", "e2e_p99", 1e-3)),
+        "ttft_p50": (latency("ttft_p50", "ttft_p50", 1e6),
+                     latency("ttft_p50", "ttft_p50", 1e-3)),
+        "throughput": (rate("throughput", "request_throughput", 1e-3),
+                       rate("throughput", "request_throughput", 1e6)),
+        "output_throughput": (rate("output_throughput", "output_token_throughput", 1e-3),
+                              rate("output_throughput", "output_token_throughput", 1e6)),
+        "goodput": (_objective_profile("goodput", {}, 1e-3, workload=WL, slo=LOOSE),
+                    _objective_profile("goodput", {}, 1e6, workload=WL, slo=LOOSE)),
+        "pareto": tuple(_objective_profile(
+            "pareto", {"e2e_ms": {"p99": lat}, "request_throughput": thr}, None,
+            workload=WL) for lat, thr in ((1e6, 1e-3), (1e6, 1e6))),
+        "capacity": (_objective_profile("capacity", {}, 1, workload=WL, slo=LOOSE),
+                     _objective_profile("capacity", {}, 2, workload=WL,
+                                        slo=["e2e_p99<=0.001ms"])),
+    }
+
+
+def test_check_gives_a_verdict_for_every_objective_kind():
+    from qtune.check import AS_TUNED, SLOWER, check
+
+    cases = _fake_server_profiles()
+    # every registered objective kind (and pareto) is covered here
+    def kind(name: str) -> str:
+        obj = get_objective(name)
+        return "latency" if obj.direction == "minimize" else obj.direction \
+            if obj.is_pareto else name
+    assert {kind(n) for n in [*OBJECTIVES, "pareto"]} == {kind(n) for n in cases}
+    proc, url = _fake_server("tiny")
+    try:
+        for name, (fine, slow) in cases.items():
+            ok = check(fine, url)
+            assert ok["exit_code"] == AS_TUNED, (name, ok["verdict"])
+            bad = check(slow, url)
+            assert bad["exit_code"] == SLOWER, (name, bad["verdict"])
+            if name != "capacity":
+                judged = get_objective(name).judged_metrics
+                assert [c["metric"] for c in bad["compared"]] == list(judged)
+                json.loads(json.dumps(ok), parse_constant=_no_constant)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _no_constant(name):
+    raise AssertionError(f"non-strict JSON constant {name}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -143,10 +144,10 @@ def test_help_lists_the_registries_and_workload_defaults():
         assert name in _help("emit")
     wl = Workload()
     for text in (search, bench):
-        assert f"Warm-up requests, not counted (default {wl.warmup_requests})" in text
-        assert f"(default {DEFAULT_CONCURRENCY} without --rate)" in text
-        assert f"(default {wl.input_len})" in text and f"(default {wl.requests} " in text
-        assert f"(default {wl.stall_timeout:g})" in text
+        assert f"Warm-up requests, not counted (default: {wl.warmup_requests})" in text
+        assert f"(default: {DEFAULT_CONCURRENCY} without --rate)" in text
+        assert f"(default: {wl.input_len})" in text and f"(default: {wl.requests} " in text
+        assert f"(default: {wl.stall_timeout:g})" in text
 
 
 def _defaults(command: str) -> dict[str, object]:
@@ -208,3 +209,98 @@ def test_the_cli_loads_no_engine_search_or_client_to_start(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+# -- output a script can trust: one strict JSON object, distinct exit codes ---
+
+def _strict(text: str):
+    def refuse(name):
+        raise AssertionError(f"non-strict JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_check_json_against_a_server_that_is_down(tmp_path):
+    from qtune.server import free_port
+
+    p = tmp_path / "p.yaml"
+    p.write_text(sample_profile().dump())
+    r = qtune("check", str(p), "--url", f"http://127.0.0.1:{free_port()}", "--json",
+              cwd=tmp_path)
+    assert r.returncode == 6, r.stderr  # unreachable: not 1 (bad input), not 4/5
+    doc = _strict(r.stdout)  # exactly one object: json.loads refuses trailing text
+    assert doc["exit_code"] == 6 and doc["kind"] == "unreachable"
+    assert "no answer" in doc["error"] and doc["hint"]
+
+
+def test_json_errors_for_bad_input_and_usage(tmp_path):
+    r = qtune("check", str(tmp_path / "missing.yaml"), "--url", "http://127.0.0.1:1",
+              "--json", cwd=tmp_path)
+    doc = _strict(r.stdout)
+    assert r.returncode == 1 == doc["exit_code"] and doc["error"] and "hint" in doc
+    r = qtune("report", "s", "--json", "--bogus", cwd=tmp_path)
+    doc = _strict(r.stdout)
+    assert r.returncode == 2 == doc["exit_code"] and doc["kind"] == "usage"
+    assert "--help" in doc["hint"]
+
+
+def test_one_json_writer_writes_no_nan():
+    import math
+
+    import numpy as np
+
+    from qtune.jsonout import dumps
+
+    doc = _strict(dumps({"a": math.nan, "b": [math.inf, -math.inf, 1.5],
+                         "c": np.float64("nan"), "d": np.int64(3), "e": (1, 2),
+                         "f": Path("/x")}))
+    assert doc == {"a": None, "b": [None, None, 1.5], "c": None, "d": 3, "e": [1, 2],
+                   "f": "/x"}
+
+
+# -- help for people -----------------------------------------------------------
+
+def _help80(*command: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
+    r = subprocess.run([sys.executable, "-m", "qtune", *command], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_search_help_at_80_columns_is_grouped_and_uncut():
+    text = _help80("search", "-h")  # -h as well as --help
+    head = text.splitlines()[:60]
+    assert not [ln for ln in head if "…" in ln]
+    for panel in ("Engine", "Workload", "Search", "Confirmation", "Quality", "Fleet",
+                  "Output"):
+        assert f"─ {panel} ─" in text
+    # the panels come in one order
+    assert text.index("─ Workload ─") < text.index("─ Search ─") < text.index("─ Output ─")
+    assert "<bool>" not in text and "[default" not in text
+    assert "--max-quality-loss" in text and "--allow-mixed-hosts" in text
+    assert not [ln for ln in text.splitlines() if "…" in ln]
+
+
+def test_every_command_help_has_no_bool_metavar_and_one_default_style():
+    for command in ("probe", "bench", "verify", "check", "report", "emit", "dashboard",
+                    "storage-proxy", None):
+        text = _help80(*([command] if command else []), "-h")
+        assert "<bool>" not in text and "[default" not in text, command
+        assert "…" not in text, command
+
+
+def test_out_is_one_spelling_with_the_old_one_kept(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text(sample_profile().dump())
+    assert re.search(r"--out +-o ", _help80("search", "-h"))
+    emit_help = _help80("emit", "-h")
+    assert "--out" in emit_help and "--output " not in emit_help  # hidden alias
+    for flag in ("-o", "--out", "--output"):
+        target = tmp_path / f"unit{flag}.service"
+        r = qtune("emit", str(p), flag, str(target), cwd=tmp_path)
+        assert r.returncode == 0 and target.is_file(), (flag, r.stderr)
+
+
+def test_a_flag_takes_no_value(tmp_path):
+    r = qtune("probe", "--json", "true", cwd=tmp_path)
+    assert r.returncode == 2  # "true" is not an argument of probe

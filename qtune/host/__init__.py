@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qtune import jsonout
 from qtune.host.cpubind import find_allocators
 from qtune.host.gpu import GPU, GPUReport, read_gpus, record_nvml
 from qtune.host.installed import InstalledEngines, find_engines_for
@@ -456,8 +457,8 @@ def capture(dest: Path, *, root: Path = Path("/"), nvml: Any = None) -> int:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(dev_file, out)
                 n += 1
-    (dest / "nvml.json").write_text(json.dumps(record_nvml(nvml), indent=1) + "\n")
+    (dest / "nvml.json").write_text(jsonout.dumps(record_nvml(nvml), indent=1) + "\n")
     (dest / "gpus.json").write_text(
-        json.dumps(dataclasses.asdict(report), indent=1) + "\n"
+        jsonout.dumps(dataclasses.asdict(report), indent=1) + "\n"
     )
     return n + 2

@@ -21,6 +21,7 @@ from qtune.objectives import pareto_latency
 from qtune.profile import EngineInfo, Profile, StudyRef
 from qtune.quality import Quality
 from qtune.search.choice import engine_summary, summary_lines
+from qtune.search.fleet import FleetAttr
 from qtune.search.inputs import Prepared, at_load
 from qtune.search.records import (
     LAUNCHED,
@@ -153,16 +154,9 @@ def finish(prep: Prepared, study: optuna.Study) -> TuneResult:
             hint=("pick one of trials " + ", ".join(map(str, choices))) if choices
             else "no trial can be picked yet: run more trials",
         )
-    # With --levels, the defaults at the best point's own load.
-    level = best.load_level if best is not None else None
-    # --engine a,b: the defaults of the winner's own engine.
-    engine = best.engine if best is not None else None
-    baseline = next((r for r in trials if r.baseline and r.status == TrialStatus.OK
-                     and r.load_level == level and r.engine == engine), None)
-    baseline = baseline or next((r for r in trials if r.baseline and r.engine == engine),
-                                None)
+    baseline = baseline_for(trials, best)
     improvement = None
-    pair = _objective_pair(study, best, baseline) if best is not None else {}
+    pair = objective_pair(study, best, baseline) if best is not None else {}
     if best and baseline and baseline.value and best.value is not None:
         b, w = pair["baseline"], pair["best"]
         if prep.direction in ("minimize", "pareto"):  # pareto: its latency
@@ -200,6 +194,17 @@ def finish(prep: Prepared, study: optuna.Study) -> TuneResult:
                       engines=engines)
 
 
+def baseline_for(trials: list[TrialRecord], best: TrialRecord | None
+                 ) -> TrialRecord | None:
+    """The engine defaults' trial the winner is compared with: with
+    --levels, at the winner's own load; with --engine a,b, of its engine."""
+    level = best.load_level if best is not None else None
+    engine = best.engine if best is not None else None
+    baseline = next((r for r in trials if r.baseline and r.status == TrialStatus.OK
+                     and r.load_level == level and r.engine == engine), None)
+    return baseline or next((r for r in trials if r.baseline and r.engine == engine), None)
+
+
 def _front_view(front: list[TrialRecord], latency: str) -> list[dict[str, Any]]:
     return [{"trial": r.number, "throughput": r.values[0],  # type: ignore[index]
              latency: r.values[1], "params": r.params,  # type: ignore[index]
@@ -212,17 +217,37 @@ def trials_frame(study: optuna.Study) -> Any:
     import pandas as pd
 
     rows = []
-    for t in ran_trials(study):
+    trials = ran_trials(study)
+    # A fleet: the trial a dead worker left is re-run by another (its
+    # retry_of); the left one has no record of its own, only the retry's
+    # reason, which it is shown with instead of status "unknown".
+    retried_by = {t.user_attrs[FleetAttr.RETRY_OF]: t for t in trials
+                  if isinstance(t.user_attrs.get(FleetAttr.RETRY_OF), int)}
+    fleet = any(FleetAttr.WORKER in t.user_attrs for t in trials)
+    for t in trials:
         r = TrialRecord.from_frozen(t)
         s = r.summary or {}
+        status, reason, detail = str(r.status), r.reason, r.detail
+        retry = retried_by.get(r.number)
+        if r.status == TrialStatus.UNKNOWN and t.state == optuna.trial.TrialState.FAIL:
+            status = "worker_lost"
+            reason = reason or "worker_lost"
+            detail = detail or (str(retry.user_attrs.get(FleetAttr.RETRY_REASON))
+                                if retry is not None else "failed without a record: its "
+                                "worker stopped before writing one")
         row: dict[str, Any] = {
-            "trial": r.number, "baseline": r.baseline, "status": str(r.status),
-            "reason": r.reason, "value": r.value, "feasible": r.feasible,
+            "trial": r.number, "baseline": r.baseline, "status": status,
+            "reason": reason, "value": r.value, "feasible": r.feasible,
             # A failure's detail is a line of the server's log: masked like
             # every text qtune writes (a token in a log line stays out).
             "startup_s": r.startup_s, "measure_s": r.measure_s,
-            "detail": redact(r.detail) if r.detail else r.detail,
+            "detail": redact(detail) if detail else detail,
         }
+        if fleet:
+            row["worker"] = t.user_attrs.get(FleetAttr.WORKER)
+            row["retry_of"] = t.user_attrs.get(FleetAttr.RETRY_OF)
+            row["retry_reason"] = t.user_attrs.get(FleetAttr.RETRY_REASON)
+            row["retried_by"] = retry.number if retry is not None else None
         # Where the trial's time went: the start's phases (from the engine's
         # log) and, for a capacity trial, its probes.
         ph = r.start_phases or {}
@@ -305,8 +330,23 @@ def _spread(conf: dict[str, Any]) -> tuple[float, float]:
     return float(min(vals)), float(max(vals))
 
 
-def _objective_pair(study: optuna.Study, best: TrialRecord,
-                    baseline: TrialRecord | None) -> dict[str, Any]:
+def gain_interval(study: optuna.Study, best: TrialRecord, baseline: TrialRecord,
+                  maximize: bool) -> tuple[float, float] | None:
+    """The gain over the defaults as an interval from the confirmation's
+    (the winner's, the defaults') 95% intervals or ranges: the ratio of the
+    far ends; None without both confirmed."""
+    conf = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
+    w, b = conf.get(str(best.number)), conf.get(str(baseline.number))
+    if not w or not b or best.number == baseline.number:
+        return None
+    (wl, wh), (bl, bh) = _spread(w), _spread(b)
+    if min(wl, wh, bl, bh) <= 0:
+        return None
+    return (wl / bh, wh / bl) if maximize else (bl / wh, bh / wl)
+
+
+def objective_pair(study: optuna.Study, best: TrialRecord,
+                   baseline: TrialRecord | None) -> dict[str, Any]:
     """The winner's and the defaults' objective as the improvement compares
     them: the medians of the confirmation rounds when both were re-measured
     (the winner is picked by median, so its first run may be worse than the
@@ -385,7 +425,7 @@ def build_profile(
     engines: list[dict[str, Any]] | None = None,
 ) -> Profile:
     """``objective``: best, baseline, basis and improvement, as ``finish``
-    compared them (``_objective_pair``).  ``engines``: each engine's best
+    compared them (``objective_pair``).  ``engines``: each engine's best
     (``engine_summary``) in a study across engines; ``prep`` is then the
     winner's engine's."""
     cfg = prep.cfg

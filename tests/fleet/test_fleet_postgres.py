@@ -158,6 +158,17 @@ def test_a_killed_workers_trial_is_requeued_and_its_server_stopped(postgres, tmp
     assert len(launched(study)) == 5
     assert sum(1 for t in launched(study) if t.user_attrs.get(Attr.BASELINE)) == 1
     assert res["profile"] and Path(res["profile"]).is_file()
+    # qtune report and trials.csv: the killed worker's trial is not "unknown"
+    # but lost, with its worker and the trial that re-ran it, and the retry
+    # with its retry_of and reason.
+    from qtune.search.result import trials_frame
+
+    df = trials_frame(study)
+    lost = df[df.trial == trial.number].iloc[0]
+    assert lost.status == "worker_lost" and lost.retried_by == retry.number
+    assert str(victim.pid) in lost.worker and str(victim.pid) in lost.detail
+    again = df[df.trial == retry.number].iloc[0]
+    assert again.retry_of == trial.number and str(victim.pid) in again.retry_reason
 
 
 def test_a_database_restart_stops_the_worker_and_a_restarted_one_resumes(

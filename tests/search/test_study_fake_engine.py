@@ -181,7 +181,7 @@ def test_pareto_front_and_pick(fake, tmp_path):
 
     html = tmp_path / "r.html"
     out = report("pareto", res.storage, html_path=html)
-    assert out["best_trial"] is not None and "e2e_p50 ms" in html.read_text()
+    assert out["best_trial"] is not None and "e2e_p50 (ms)" in html.read_text()
 
 
 def test_levels_share_one_server_per_config(fake, tmp_path):
@@ -372,7 +372,7 @@ def test_a_seed_left_for_a_resume_runs_as_itself(fake, monkeypatch):
 def test_an_improvement_inside_the_noise_is_flagged():
     from types import SimpleNamespace
 
-    from qtune.search.result import _objective_pair
+    from qtune.search.result import objective_pair
 
     def rec(n):
         return SimpleNamespace(number=n, value=None)
@@ -381,8 +381,8 @@ def test_an_improvement_inside_the_noise_is_flagged():
             "0": {"median": 67.9, "ci95": [61.4, 74.3]},
             "2": {"median": 40.0, "ci95": [38.0, 42.0]}}
     study = SimpleNamespace(user_attrs={"confirmation": conf})
-    assert _objective_pair(study, rec(1), rec(0))["separated"] is False
-    assert _objective_pair(study, rec(2), rec(0))["separated"] is True
+    assert objective_pair(study, rec(1), rec(0))["separated"] is False
+    assert objective_pair(study, rec(2), rec(0))["separated"] is True
 
 
 class BigDefaultsEngine(FakeEngine):

@@ -1,0 +1,266 @@
+"""What a study recommends, in the words a report leads with: the winning
+config's flags, its figure against the engine defaults (units, ratio and
+the confirmation's interval, or why it is not confirmed), what it was
+measured on, the answer-quality verdict and the command that deploys it.
+
+One typed ``Recommendation`` for the text report, the HTML page and
+``report --json`` (``recommendation``): the three say the same thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Any
+
+import optuna
+
+from qtune.errors import InputError
+from qtune.objectives import Objective, get_objective
+from qtune.quality import Quality
+from qtune.search.records import StudyAttr, TrialRecord, maximizes, ran_trials
+from qtune.search.result import baseline_for, gain_interval, objective_pair, winner
+
+# The flags a launch always has (where and what it serves), not the tuned ones.
+_PLUMBING = {"--model", "--served-model-name", "--tokenizer", "--host", "--port",
+             "--load-format", "--model-path", "--tokenizer-path"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    """The winner's objective against the engine defaults'."""
+
+    metric: str  # the objective's metric (a Pareto point: its latency)
+    unit: str
+    best: float | None
+    baseline: float | None
+    ratio: float | None  # > 1: better than the defaults, in the objective's sense
+    basis: str  # "median of the confirmation runs" or "one run each"
+    interval: tuple[float, float | None] | None  # the ratio's, from the confirmation
+    confirmed: bool
+    why_not_confirmed: str | None
+    # A capacity: the winner's bracket [held, failed) from its probes
+    # (failed None: nothing above it was tried, or failed).
+    bracket: tuple[float, float | None] | None = None
+    decided: str | None = None  # how the capacity search settled on it
+
+
+@dataclasses.dataclass(frozen=True)
+class Recommendation:
+    study: str
+    objective: str
+    trial: int | None  # None: no feasible trial, nothing to recommend
+    kept_defaults: bool  # the engine defaults won: nothing to change
+    flags: list[str]  # the tuned flags as the engine takes them
+    params: dict[str, Any]
+    figure: Figure | None
+    measured_on: dict[str, str]  # accelerator, engine, model, workload
+    quality: str
+    emit_command: str | None
+    headline: str  # one sentence: what to run and by how much it beat the defaults
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def unit_of(objective: str, workload: dict[str, Any]) -> str:
+    """The objective's unit: ms for a latency, req/s or tok/s for a rate,
+    streams or req/s for a capacity (as the workload offers its load)."""
+    try:
+        obj = get_objective(objective)
+    except InputError:  # a study of a qtune that knew other objectives
+        return ""
+    if obj.direction in ("minimize", "pareto"):
+        return "ms"
+    if obj.name == "capacity":
+        return "req/s" if workload.get("rate") is not None else "streams"
+    return "tok/s" if obj.name == "output_throughput" else "req/s"
+
+
+def workload_text(wl: dict[str, Any]) -> str:
+    """A study's workload as a person reads it (not a Python dict)."""
+    if not wl:
+        return "not recorded"
+    if wl.get("rate") is not None:
+        load = f"{wl['rate']:g} req/s ({wl.get('arrival') or 'poisson'} arrivals)"
+    elif wl.get("concurrency") is not None:
+        load = f"{wl['concurrency']} concurrent streams"
+    else:
+        load = "the default load"
+    parts = [load]
+    if wl.get("dataset"):
+        parts.append(f"prompts from {wl['dataset']}")
+    else:
+        parts.append(f"prompts of {wl.get('input_len')} tokens")
+    parts.append(f"outputs of {wl.get('output_len')} tokens")
+    if wl.get("prefix_count"):
+        parts.append(f"{wl['prefix_count']} shared prefixes of {wl.get('prefix_len')} tokens")
+    if wl.get("requests") is not None:
+        parts.append(f"{wl['requests']} measured requests")
+    if wl.get("duration") is not None:
+        parts.append(f"{wl['duration']:g} s per run")
+    if wl.get("warmup_requests"):
+        parts.append(f"{wl['warmup_requests']} warm-up")
+    if wl.get("endpoint") and wl["endpoint"] != "completions":
+        parts.append(f"the {wl['endpoint']} endpoint")
+    return ", ".join(parts)
+
+
+def launch_flags(rec: TrialRecord) -> list[str]:
+    """The winner's tuned settings as its launch passed them: each flag with
+    its value from the trial's command, and environment variables as
+    NAME=value.  A parameter the command does not carry (an engine default
+    chosen) is left out: nothing to pass."""
+    argv, out = rec.argv, []
+    names = [k.replace("_", "-") for k in rec.params]
+    # a boolean off is often its --no- form (vLLM's --no-enable-prefix-caching)
+    wanted = {f"--{n}" for n in names} | {f"--no-{n}" for n in names}
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        flag = tok.split("=", 1)[0]
+        if flag.startswith("--") and flag in wanted and flag not in _PLUMBING:
+            has_value = "=" not in tok and i + 1 < len(argv) \
+                and not argv[i + 1].startswith("--")
+            out.append(f"{tok} {shlex.quote(argv[i + 1])}" if has_value else tok)
+            i += 2 if has_value else 1
+            continue
+        i += 1
+    out += [f"{k}={shlex.quote(str(v))}" for k, v in sorted(rec.env.items())
+            if k in rec.params]
+    return out
+
+
+def _measured_on(study: optuna.Study, best: TrialRecord | None) -> dict[str, str]:
+    facts = study.user_attrs.get("fleet_host_facts") or {}
+    install = study.user_attrs.get(StudyAttr.ENGINE_INSTALL) or {}
+    model = study.user_attrs.get(StudyAttr.MODEL) or {}
+    engine = facts.get("engine") or (
+        f"{install['name']} {install.get('version', '?')} ({install.get('build', '?')})"
+        if install.get("name") else "engine not recorded (a study of an older qtune)")
+    if best is not None and best.engine and best.engine not in engine:
+        engine = f"{best.engine} (searched across engines)"
+    weights = " with random weights" if model.get("load_format") == "dummy" else ""
+    return {
+        "accelerator": facts.get("accelerator") or "accelerator not recorded",
+        "engine": engine,
+        "model": f"{model.get('id', '?')}{weights}",
+        "workload": (("load searched (capacity), first offered as "
+                      if study.user_attrs.get(StudyAttr.OBJECTIVE) == "capacity" else "")
+                     + workload_text(study.user_attrs.get(StudyAttr.WORKLOAD) or {})),
+    }
+
+
+def quality_verdict(study: optuna.Study, best: TrialRecord | None) -> str:
+    """Can the winner's answers be trusted as the model's?  Random weights
+    measure speed only; a config that changes the numerics (fp8) needs its
+    quality measured (qtune.quality), else it says so, as every emitted
+    file does (emit's quality warnings)."""
+    model = study.user_attrs.get(StudyAttr.MODEL) or {}
+    q = Quality.from_dict(best.quality) if best is not None else None
+    lossy = q is not None and bool(q.numerics) and not q.measured
+    if model.get("load_format") == "dummy":
+        head = ("random weights (--load-format dummy): the speed is measured, answer "
+                "quality is not; swap in the real checkpoint before serving")
+        if lossy:
+            assert q is not None  # lossy says so
+            what = ", ".join(f"{k}={v}" for k, v in sorted(q.numerics.items()))
+            return head + f"; this config changes the model's numerics ({what}): NOT measured"
+        return head
+    if q is not None and q.measured:
+        limit = study.user_attrs.get(StudyAttr.MAX_QUALITY_LOSS)
+        return f"measured against the engine defaults: {q.text()}" + (
+            f" (limit +{limit * 100:g}%)" if limit is not None else "")
+    if q is not None:
+        return q.text()
+    notes = " ".join(study.user_attrs.get(StudyAttr.SPACE_NOTES) or [])
+    if "left out" in notes and "fp8" in notes:
+        return "lossless: fp8 weights and KV cache were left out of the space, the " \
+            "model's numerics are kept"
+    return "not recorded"
+
+
+def _not_confirmed_why(study: optuna.Study, best: TrialRecord, baseline: TrialRecord | None,
+                       pair: dict[str, Any]) -> str | None:
+    conf = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
+    mine = conf.get(str(best.number)) or {}
+    if baseline is None:
+        return "the engine defaults were not measured"
+    if not conf:
+        return ("no confirmation was run (--confirm-top 0, a time budget spent, or a "
+                "study stopped before it); qtune verify measures it with fresh starts")
+    if str(best.number) not in conf:
+        return "the winner was not among the re-measured configs"
+    if mine.get("failures"):
+        return f"the winner failed {mine['failures']} of its fresh starts"
+    if pair.get("separated") is False:
+        return "its confirmation runs overlap the engine defaults': within this host's noise"
+    return None
+
+
+def _emit_command(name: str) -> str:
+    # The search writes profiles/<study>.yaml unless --out named another path.
+    return f"qtune emit {shlex.quote(f'profiles/{name}.yaml')} --format systemd"
+
+
+def recommend(study: optuna.Study) -> Recommendation:
+    objective = study.user_attrs.get(StudyAttr.OBJECTIVE) or "e2e_p99"
+    try:
+        obj = get_objective(objective)
+    except InputError:  # a study of a qtune that knew other objectives
+        obj = Objective(objective, "maximize" if maximizes(study) else "minimize", objective)
+    workload = study.user_attrs.get(StudyAttr.WORKLOAD) or {}
+    best = winner(study)
+    measured_on = _measured_on(study, best)
+    quality = quality_verdict(study, best)
+    if best is None:
+        return Recommendation(study.study_name, objective, None, False, [], {}, None,
+                              measured_on, quality, None,
+                              "no feasible trial: nothing to recommend (see the "
+                              "trials below for why each failed)")
+    trials = [TrialRecord.from_frozen(t) for t in ran_trials(study)]
+    baseline = baseline_for(trials, best)
+    kept = baseline is not None and best.number == baseline.number
+    pair = objective_pair(study, best, baseline)
+    b, w = pair.get("baseline"), pair.get("best")
+    ratio = None
+    if isinstance(b, (int, float)) and isinstance(w, (int, float)) and min(b, w) > 0:
+        ratio = w / b if obj.direction == "maximize" else b / w
+    interval: tuple[float, float | None] | None = None
+    if isinstance(pair.get("interval"), list):  # a capacity's bracket ratio
+        lo, hi = pair["interval"]
+        interval = (float(lo), None if hi is None else float(hi))
+    elif baseline is not None:
+        interval = gain_interval(study, best, baseline, obj.direction == "maximize")
+    why = _not_confirmed_why(study, best, baseline, pair)
+    unit = unit_of(objective, workload)
+    cap = (best.summary or {}).get("capacity") or {}
+    bracket = None
+    if isinstance(cap.get("bracket"), list) and cap["bracket"] and \
+            cap["bracket"][0] is not None:
+        held, failed = cap["bracket"][0], cap["bracket"][1]
+        bracket = (float(held), None if failed is None else float(failed))
+    figure = Figure(obj.run_metric if obj.name != "capacity" else "capacity", unit,
+                    w, b, ratio, str(pair.get("basis", "one run each")), interval,
+                    why is None, why, bracket,
+                    str(cap["decided"]) if cap.get("decided") else None)
+    flags = launch_flags(best)
+    # One sentence: the config's flags, the confirmation's why, the
+    # quality and the deploy command have their own lines.
+    confirmed = "confirmed on fresh starts" if why is None else "NOT confirmed"
+    if kept:
+        head = (f"keep the engine defaults: no config beat them "
+                f"({_value(w, unit)} on {figure.metric}; {confirmed})")
+    else:
+        gain = f"{ratio:.2f}x" if ratio is not None else "an unmeasured gain"
+        head = (f"run trial {best.number}: {_value(w, unit)} on {figure.metric} against "
+                f"the engine defaults' {_value(b, unit)}, {gain}; {confirmed}")
+    return Recommendation(study.study_name, objective, best.number, kept, flags,
+                          dict(best.params), figure, measured_on, quality,
+                          _emit_command(study.study_name), head)
+
+
+def _value(v: Any, unit: str) -> str:
+    if not isinstance(v, (int, float)):
+        return "-"
+    return f"{v:,.4g} {unit}" if abs(v) < 1e4 else f"{v:,.0f} {unit}"

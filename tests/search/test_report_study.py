@@ -1,0 +1,70 @@
+"""A real small study (the stand-in engine, real processes) rendered by
+``qtune report``: the recommendation states the profile's own winner and
+gain, with the confirmation it was picked by."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import pytest
+
+from qtune.engines import ENGINES
+from qtune.host.installed import EngineInstall, InstalledEngines
+from qtune.load.workload import Workload
+from qtune.profile import Profile
+from qtune.search import tune
+from qtune.search.config import TuneConfig
+from tests.fakes.engine import FakeEngine
+from tests.fakes.sampler import script_random_sampler
+
+
+@pytest.fixture
+def fake(monkeypatch, cpu_host, tmp_path):
+    import qtune.search.inputs as search
+
+    monkeypatch.setitem(ENGINES, "fake", FakeEngine())
+    host = dataclasses.replace(cpu_host, engines=InstalledEngines(
+        sys.executable, [EngineInstall("fake", "1.0", "cpu", sys.executable)]))
+    monkeypatch.setattr(search, "probe", lambda **kw: host)
+    monkeypatch.chdir(tmp_path)
+    return TuneConfig(
+        engine="fake", trials=4, seed=6, sampler="random",
+        workload=Workload(input_len=8, output_len=10, concurrency=2, requests=12,
+                          warmup_requests=2),
+        studies_dir=tmp_path / "studies", profiles_dir=tmp_path / "profiles",
+        study="fake", confirm_top=1, confirm_repeats=2, startup_timeout=60)
+
+
+def test_report_recommends_what_the_search_wrote(fake, monkeypatch, tmp_path):
+    from qtune.report import report
+
+    script_random_sampler(monkeypatch, [
+        {"delay_ms": 1, "crash": False, "slots": 4},
+        {"delay_ms": 1, "crash": True, "slots": 2},  # fails to start
+        {"delay_ms": 30, "crash": False, "slots": 3},
+        {"delay_ms": 1, "crash": False, "slots": 2},
+    ])
+    res = tune(fake)
+    profile = Profile.load(res.profile_path)
+    out = report("fake", None, html_path=tmp_path / "r.html")
+    rec = out["recommendation"]
+    assert rec["trial"] == profile.study.trial
+    f = rec["figure"]
+    obj = profile.metrics["objective"]
+    assert f["basis"] == obj["basis"] == "median of the confirmation runs"
+    if not rec["kept_defaults"]:
+        assert f["ratio"] == pytest.approx(obj["improvement"])
+        assert f["interval"] is not None and f["interval"][0] <= f["ratio"] <= f["interval"][1]
+    assert f["unit"] == "ms" and rec["emit_command"].startswith("qtune emit profiles/fake")
+    assert rec["measured_on"]["workload"].startswith("2 concurrent streams")
+    # strict JSON, and the page states the same answer first
+    from qtune.jsonout import dumps
+
+    json.loads(dumps(out), parse_constant=lambda c: pytest.fail(c))
+    page = (tmp_path / "r.html").read_text()
+    assert page.index("Recommendation") < page.index("<h2>Trials")
+    assert "startup_failed" in page or "oom" in page
+
+

@@ -1,0 +1,230 @@
+"""``qtune report`` leads with the answer (issue 29): the recommendation in
+the text report, the HTML page and ``--json``; the trials table with params
+first and the winner highlighted; plots with ticks, units, trial numbers and
+distinct marks for trials without a value; a fleet's lost trials with the
+retry that replaced them; strict JSON."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+from pathlib import Path
+
+import optuna
+import pytest
+
+from qtune.jsonout import dumps
+from qtune.recommendation import launch_flags, recommend, workload_text
+from qtune.report import load_study, report, ticks
+from qtune.search import open_storage
+from qtune.search.records import Attr, StudyAttr, TrialRecord, TrialStatus, write_record
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RUN6 = FIXTURES / "h200-run6" / "h200-journal.log"
+RUN11 = FIXTURES / "h200-engines-run11" / "eng.log"
+
+
+def _strict(text: str):
+    def refuse(name):
+        raise AssertionError(f"non-strict JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.fixture
+def run6(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "studies").mkdir()
+    shutil.copy(RUN6, tmp_path / "studies" / "h200-qwen3-4b.log")
+    return tmp_path
+
+
+def test_run6_recommends_the_winner_with_its_gain(run6):
+    res = report("h200-qwen3-4b", None, html_path=run6 / "r.html")
+    rec = res["recommendation"]
+    assert rec["trial"] == 1 and rec["flags"] == ["--data-parallel-size 2"]
+    f = rec["figure"]
+    assert f["unit"] == "ms" and f["metric"] == "e2e_p99"
+    assert f["ratio"] == pytest.approx(12853.66 / 2293.46, rel=1e-3)
+    assert not f["confirmed"] and "no confirmation" in f["why_not_confirmed"]
+    assert "random weights" in rec["quality"]
+    assert rec["emit_command"] == "qtune emit profiles/h200-qwen3-4b.yaml --format systemd"
+    assert rec["measured_on"]["workload"].startswith("40 req/s (poisson arrivals)")
+    # strict JSON: the table's gaps (NaN in pandas) are null
+    doc = _strict(dumps(res))
+    assert doc["trials"][2]["value"] is None
+
+    page = (run6 / "r.html").read_text()
+    # the answer comes first, then the table, then the plots
+    assert page.index("Recommendation") < page.index("<h2>Trials") < page.index("<svg")
+    assert "5.60x" in page and "not confirmed" in page and "--format systemd" in page
+    assert '<tr class="winner">' in page and 'class="scroll"' in page
+    head = re.search(r"<thead><tr>(.*?)</tr>", page).group(1)
+    cols = re.findall(r"<th>(.*?)</th>", head)
+    assert cols[:4] == ["trial", "status", "reason", "data_parallel_size"]
+    body = page[page.index("<tbody>"):page.index("</tbody>")]
+    assert "True" not in body and "False" not in body and "e-0" not in body
+    # ticks and units on the history's axes, trial labels, the pruned trial
+    history = page[page.index('aria-label="optimisation history'):]
+    history = history[:history.index("</svg>")]
+    assert "e2e_p99 (ms)" in history and ">10,000</text>" in history
+    assert 'fill="#ff7f0e"' in history and "cannot beat the best" in history  # pruned
+    assert "pruned (stopped early)" in page  # the legend says which mark is which
+    assert "{'input_len'" not in page  # the workload is not a Python dict
+
+
+def test_text_report_leads_with_the_recommendation(run6, monkeypatch):
+    import qtune.console as console
+
+    buf = io.StringIO()
+    monkeypatch.setattr(console, "out", type(console.out)(file=buf, width=80))
+    res = report("h200-qwen3-4b", None)
+    console.render_recommendation(res["recommendation"])
+    console.render_report(res)
+    text = buf.getvalue()
+    assert text.startswith("Recommendation\nrun trial 1: 2,293 ms on e2e_p99")
+    assert "5.60x" in text and "--data-parallel-size 2" in text
+    # the deploy command on one line, pasted whole
+    assert "  deploy:    qtune emit profiles/h200-qwen3-4b.yaml --format systemd\n" in text
+
+
+def test_capacity_study_draws_brackets(tmp_path):
+    study, url = load_study("h200-engines", f"journal://{RUN11}")
+    from qtune.report import render_html
+    from qtune.search.result import trials_frame
+
+    page = render_html(study, url, trials_frame(study), {})
+    assert "capacity: each trial&#x27;s bracket" in page or "bracket [held, failed)" in page
+    rec = recommend(study)
+    assert rec.figure is not None and rec.figure.unit == "req/s"
+    assert rec.measured_on["accelerator"] == "1x NVIDIA H200"
+    assert "probe 1: " in page  # how each bracket was found, probe by probe
+    assert rec.figure.bracket is not None and rec.figure.decided
+
+
+def test_fleet_lost_trial_shows_its_retry(tmp_path, monkeypatch):
+    """A worker killed mid-trial leaves a FAIL trial with no record; the
+    trial that re-ran it names it (retry_of, retry_reason).  The report
+    shows both instead of status "unknown"."""
+    from qtune.search.fleet import FleetAttr
+    from qtune.search.result import trials_frame
+
+    monkeypatch.chdir(tmp_path)
+    study = optuna.create_study(study_name="f", storage=open_storage(
+        f"journal://{tmp_path / 'studies' / 'f.log'}"))
+    study.set_user_attr(StudyAttr.OBJECTIVE, "e2e_p99")
+    lost = study.ask()
+    lost.set_user_attr(FleetAttr.WORKER, "host-a:11")
+    study.tell(lost, state=optuna.trial.TrialState.FAIL)
+    again = study.ask()
+    again.set_user_attr(FleetAttr.WORKER, "host-b:22")
+    again.set_user_attr(FleetAttr.RETRY_OF, lost.number)
+    again.set_user_attr(FleetAttr.RETRY_REASON, "worker host-a:11 stopped beating")
+    write_record(again, TrialRecord(again.number, {}, TrialStatus.OK, baseline=True,
+                                    summary={"e2e_ms": {"p99": 100.0}, "failed": 0,
+                                             "request_throughput": 1.0}))
+    again.set_constraint("failed_requests", 0.0)
+    study.tell(again, 100.0)
+    df = trials_frame(study)
+    first = df[df.trial == lost.number].iloc[0]
+    assert first.status == "worker_lost" and first.retried_by == again.number
+    assert "stopped beating" in first.detail and first.worker == "host-a:11"
+    second = df[df.trial == again.number].iloc[0]
+    assert second.retry_of == lost.number and second.worker == "host-b:22"
+    res = report("f", None, html_path=tmp_path / "f.html")
+    doc = _strict(dumps(res))
+    assert {t["status"] for t in doc["trials"]} == {"worker_lost", "ok"}
+    page = (tmp_path / "f.html").read_text()
+    assert "re-run as trial 1" in page and "worker host-a:11" in page
+
+
+def test_ticks_are_round_and_span_the_range():
+    assert ticks(0, 10) == [0, 2, 4, 6, 8, 10]
+    assert ticks(2293, 12854) == [4000, 6000, 8000, 10000, 12000]
+    assert ticks(0, 2, integer=True) == [0, 1, 2]
+
+
+def test_workload_and_flags_read_as_text():
+    assert workload_text({"concurrency": 8, "input_len": "128-512", "output_len": 64,
+                          "requests": 100}) == (
+        "8 concurrent streams, prompts of 128-512 tokens, outputs of 64 tokens, "
+        "100 measured requests")
+    rec = TrialRecord(3, {"max_num_seqs": 64, "enable_chunked_prefill": True,
+                          "enable_prefix_caching": False,
+                          "VLLM_CPU_KVCACHE_SPACE": 4}, TrialStatus.OK,
+                      argv=["python", "-m", "vllm", "--model", "/m", "--port", "1",
+                            "--max-num-seqs", "64", "--enable-chunked-prefill",
+                            "--no-enable-prefix-caching"],
+                      env={"VLLM_CPU_KVCACHE_SPACE": "4", "HF_HUB_OFFLINE": "1"})
+    assert launch_flags(rec) == ["--max-num-seqs 64", "--enable-chunked-prefill",
+                                 "--no-enable-prefix-caching", "VLLM_CPU_KVCACHE_SPACE=4"]
+
+
+def test_no_feasible_trial_says_so(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    study = optuna.create_study(study_name="n", storage=open_storage(
+        f"journal://{tmp_path / 'studies' / 'n.log'}"))
+    study.set_user_attr(StudyAttr.OBJECTIVE, "throughput")
+    t = study.ask()
+    write_record(t, TrialRecord(t.number, {}, TrialStatus.STARTUP_FAILED, baseline=True,
+                                reason="oom", detail="out of memory"))
+    study.tell(t, state=optuna.trial.TrialState.FAIL)
+    rec = report("n", None)["recommendation"]
+    assert rec["trial"] is None and "no feasible trial" in rec["headline"]
+    assert Attr.STATUS  # the records module's keys are what the report reads
+
+
+def test_report_takes_a_journal_path_and_lists_studies(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "COLUMNS": "80"}
+
+    def qtune(*args):
+        return subprocess.run([sys.executable, "-m", "qtune", *args], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    r = qtune("report", str(RUN6), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = _strict(r.stdout)  # one strict object: no NaN for the pruned trial's gaps
+    assert doc["study"] == "h200-qwen3-4b" and doc["recommendation"]["trial"] == 1
+    r = qtune("report", "nope", "--storage", f"journal://{RUN6}")
+    assert r.returncode == 1 and "studies there: h200-qwen3-4b" in r.stderr
+    r = qtune("report", str(RUN6))
+    assert r.stdout.startswith("Recommendation\nrun trial 1:")
+    # -o/--out: the export its suffix names
+    r = qtune("report", str(RUN6), "-o", "p.html", "--csv", "t.csv")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "p.html").read_text().startswith("<!doctype html>")
+    assert (tmp_path / "t.csv").read_text().startswith("trial,")
+    r = qtune("report", str(RUN6), "-o", "p.txt")
+    assert r.returncode == 1 and ".html, .csv or .parquet" in r.stderr
+
+
+@pytest.mark.parametrize(("objective", "x", "y"), [
+    ("ttft_p99", "req_per_s", "ttft_p99_ms"),
+    ("pareto:tpot_p99", "req_per_s", "tpot_p99_ms"),
+    ("goodput", "value", "e2e_p99_ms"),
+    ("output_throughput", "out_tok_per_s", "e2e_p99_ms"),
+])
+def test_the_tradeoff_plot_uses_the_objectives_own_axes(objective, x, y):
+    from qtune.report import _tradeoff_axes
+
+    assert _tradeoff_axes(objective)[::2] == (x, y)
+
+
+def test_a_study_of_an_unknown_objective_still_reports(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    study = optuna.create_study(study_name="o", storage=open_storage(
+        f"journal://{tmp_path / 'studies' / 'o.log'}"))
+    study.set_user_attr(StudyAttr.OBJECTIVE, "an_objective_of_the_future")
+    t = study.ask()
+    write_record(t, TrialRecord(t.number, {}, TrialStatus.OK, baseline=True,
+                                summary={"e2e_ms": {"p99": 5.0}, "failed": 0,
+                                         "request_throughput": 1.0}))
+    t.set_constraint("failed_requests", 0.0)
+    study.tell(t, 5.0)
+    res = report("o", None, html_path=tmp_path / "o.html")
+    assert res["recommendation"]["kept_defaults"]
