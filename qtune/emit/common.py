@@ -42,14 +42,27 @@ def summary_lines(profile: Profile) -> list[str]:
     )]
 
 
+def dummy_weights(profile: Profile) -> bool:
+    """Whether the command loads random weights (``--load-format dummy``)."""
+    argv = list(profile.argv)
+    return any(a == "--load-format=dummy" or (
+        a == "--load-format" and i + 1 < len(argv) and argv[i + 1] == "dummy")
+        for i, a in enumerate(argv))
+
+
 def quality_warnings(profile: Profile) -> list[str]:
     """What every deploy file says when the winner changes the model's
     numerics (fp8 weights or KV cache) and its answer quality was not
     measured (issue 27: searched on random weights with --lossy)."""
+    out = []
+    if dummy_weights(profile):
+        out.append("WARNING: this command loads RANDOM weights (--load-format dummy): "
+                   "its answers are noise; point --model at the real checkpoint and drop "
+                   "--load-format before serving")
     q = profile.metrics.get("quality") or {}
     numerics = q.get("numerics") if isinstance(q, dict) else None
     if not numerics or not isinstance(numerics, dict) or q.get("measured"):
-        return []
+        return out
     what = ", ".join(f"{k}={v}" for k, v in sorted(numerics.items()))
-    return [f"WARNING: this config changes the model's numerics ({what}) and its answer "
+    return [*out, f"WARNING: this config changes the model's numerics ({what}) and its answer "
             "quality was NOT measured; measure it on the real weights before serving"]

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qtune.emit import emit
+from qtune.emit.systemd import _cache_env, unit_name
 from qtune.errors import InputError, ProfileError
 from qtune.profile import Profile
 from tests.emit import readback as rb
@@ -120,28 +121,39 @@ def load(tmp_path: Path, data: dict[str, Any]) -> Profile | None:
         return None
 
 
-def expected_service_keys(p: Profile) -> list[str]:
-    keys = ["Type", "EnvironmentFile", *["Environment"] * len(p.env), "ExecStart",
+def unit_env(p: Profile) -> dict[str, str]:
+    """The unit's environment: the cache folders, unless the profile sets
+    its own, then the profile's."""
+    return {**_cache_env(unit_name(p)), **p.env}
+
+
+def expected_service_keys(p: Profile, user: str | None = None,
+                          allow_tmp: bool = False) -> list[str]:
+    gpu = p.engine.build == "cuda"
+    keys = ["Type", "EnvironmentFile", *["Environment"] * len(unit_env(p)), "ExecStart",
             "TimeoutStartSec", "TimeoutStopSec", "KillMode", "Restart", "RestartSec",
-            "LimitNOFILE", "NoNewPrivileges", "PrivateTmp", "ProtectKernelTunables",
-            "ProtectKernelModules", "ProtectControlGroups", "RestrictSUIDSGID",
-            "LockPersonality"]
-    if p.engine.build == "cuda":
-        keys += ["DevicePolicy", "DeviceAllow"]
+            "LimitNOFILE", "DynamicUser" if user is None else "User", "CacheDirectory",
+            "StateDirectory", *(["SupplementaryGroups"] if gpu and user != "root" else []),
+            "NoNewPrivileges", *([] if allow_tmp else ["PrivateTmp"]),
+            "ProtectKernelTunables", "ProtectKernelModules", "ProtectControlGroups",
+            "RestrictSUIDSGID", "LockPersonality"]
+    if gpu:
+        keys += ["DevicePolicy", *["DeviceAllow"] * 4]
     if (p.placement or {}).get("numa_node") is not None:
         keys += ["CPUAffinity", "NUMAPolicy", "NUMAMask"]
     return keys
 
 
-def check_systemd(p: Profile, text: str) -> None:
+def check_systemd(p: Profile, text: str, user: str | None = None,
+                  allow_tmp: bool = False) -> None:
     unit = rb.parse_unit(text)
     assert unit.sections == ["Unit", "Service", "Install"]
     assert unit.keys("Unit") == ["Description", "After", "Wants"]
     assert unit.keys("Install") == ["WantedBy"]
-    assert unit.keys("Service") == expected_service_keys(p)
+    assert unit.keys("Service") == expected_service_keys(p, user, allow_tmp)
     (exec_start,) = unit.values("Service", "ExecStart")
     assert rb.exec_start_argv(exec_start) == p.argv
-    assert rb.environment(unit.values("Service", "Environment")) == p.env
+    assert rb.environment(unit.values("Service", "Environment")) == unit_env(p)
     rb.specifiers(unit.values("Unit", "Description")[0])
     place = p.placement or {}
     if place.get("numa_node") is not None:
