@@ -233,7 +233,7 @@ def _placement_values(place: dict[str, object]) -> tuple[str, int]:
     """CPUAffinity= and NUMAMask= values, checked here too: the profile
     checks them at load, and these lines are the unit's own guard."""
     cpus, node = place.get("cpus"), place.get("numa_node")
-    if not isinstance(cpus, str) or not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", cpus):
+    if not isinstance(cpus, str) or not re.fullmatch(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*", cpus):
         raise InputError("placement.cpus is not a CPU list",
                          hint="a list like 0-31,64-95, as qtune probe writes it")
     if isinstance(node, bool) or not isinstance(node, int) or node < 0:
