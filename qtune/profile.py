@@ -355,9 +355,13 @@ class Profile(_Strict):
         data = read_mapping(path, "profile", "profiles are written by `qtune search` "
                             "under profiles/", ProfileError)
         try:
-            return cls.model_validate(data)
+            profile = cls.model_validate(data)
         except ValidationError as exc:
             raise profile_error(path, exc) from None
+        from qtune.profile_argv import check_sources
+
+        check_sources(profile, str(path))  # params and argv say the same
+        return profile
 
     def dump(self) -> str:
         return yaml.safe_dump(

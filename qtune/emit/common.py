@@ -45,11 +45,9 @@ def summary_lines(profile: Profile) -> list[str]:
 
 
 def dummy_weights(profile: Profile) -> bool:
-    """Whether the command loads random weights (``--load-format dummy``)."""
-    argv = list(profile.argv)
-    return any(a == "--load-format=dummy" or (
-        a == "--load-format" and i + 1 < len(argv) and argv[i + 1] == "dummy")
-        for i, a in enumerate(argv))
+    """Whether the server loads random weights: the search records the load
+    format it started the engine with in ``model.load_format``."""
+    return profile.model.get("load_format") == "dummy"
 
 
 def quality_warnings(profile: Profile) -> list[str]:
@@ -58,9 +56,9 @@ def quality_warnings(profile: Profile) -> list[str]:
     measured (issue 27: searched on random weights with --lossy)."""
     out = []
     if dummy_weights(profile):
-        out.append("WARNING: this command loads RANDOM weights (--load-format dummy): "
-                   "its answers are noise; point --model at the real checkpoint and drop "
-                   "--load-format before serving")
+        out.append("WARNING: this command loads RANDOM weights (load format dummy): "
+                   "its answers are noise; point the model at the real checkpoint and "
+                   "drop the load format before serving")
     q = profile.metrics.get("quality") or {}
     numerics = q.get("numerics") if isinstance(q, dict) else None
     if not numerics or not isinstance(numerics, dict) or q.get("measured"):

@@ -132,6 +132,12 @@ def render(profile: Profile, user: str | None = None, allow_tmp: bool = False) -
     if user is not None and not _USER.fullmatch(user):
         raise InputError("--user: not a user name systemd accepts",
                          hint="a POSIX user name: lower-case letters, digits, _ and -")
+    if user == "nobody":
+        # systemd warns "Special user nobody configured, this is not safe!":
+        # every service run as nobody shares its files and processes
+        raise InputError("--user nobody: systemd calls this unsafe (nobody is shared "
+                         "by every service that uses it)",
+                         hint="leave --user out for a DynamicUser=, or name a user of its own")
     check_paths(profile, user, allow_tmp)
     name = unit_name(profile)
     timeout_start = start_timeout(profile)
