@@ -33,8 +33,8 @@ from qtune.model import ModelInfo, cache_dir
 
 __all__ = [
     "CacheVolume", "CommandWords", "Engine", "Failure", "FixedArgs", "LaunchSpec", "LoadView",
-    "MetricNames", "cached_engine_json", "Param", "RunningConfig", "int_flag", "SpaceContext", "StartPhases",
-    "classify_by_patterns",
+    "MetricNames", "Param", "RunningConfig", "int_flag", "SpaceContext", "StartPhases",
+    "cached_engine_json", "classify_by_patterns",
 ]
 
 
@@ -378,14 +378,15 @@ def int_flag(argv: Sequence[str], flag: str) -> int | None:
     return None
 
 
-def cached_engine_json(cache_name: str) -> Any:
-    """What ``engine_json`` cached under ``cache_name`` on this host, or None
-    (never runs the engine)."""
+def cached_engine_json(cache_name: str) -> dict[str, Any] | None:
+    """The mapping ``engine_json`` cached under ``cache_name`` on this host,
+    or None (never runs the engine)."""
     path = cache_dir() / "engines" / cache_name
     try:
-        return json.loads(path.read_text()) if path.is_file() else None
+        data = json.loads(path.read_text()) if path.is_file() else None
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def engine_json(install: EngineInstall, cache_name: str, script: str,
