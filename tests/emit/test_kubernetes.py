@@ -189,7 +189,9 @@ def test_model_folders_are_mounted(path):
 
 # -- the policy checker operators run -------------------------------------------
 def _checkov() -> str | None:
-    return os.environ.get("QTUNE_CHECKOV") or shutil.which("checkov")
+    local = ROOT / ".venv-checkov" / "bin" / "checkov"  # scripts/test.sh installs it
+    return (os.environ.get("QTUNE_CHECKOV") or (str(local) if local.is_file() else None)
+            or shutil.which("checkov"))
 
 
 # Checkov checks the manifests fail on purpose, each for a reason a
@@ -211,7 +213,7 @@ ACCEPTED = {
 def test_checkov_finds_nothing_but_the_accepted(scale, tmp_path):
     tool = _checkov()
     if tool is None:
-        pytest.skip("checkov not installed (scripts/test.sh installs it in .venv-tools)")
+        pytest.skip("checkov not installed (scripts/test.sh installs it in .venv-checkov)")
     prof = Profile.load(EXAMPLE_GPU) if scale is None else _capacity()
     f = tmp_path / "kubernetes.yaml"
     f.write_text(emit(prof, "kubernetes", autoscale=scale))
