@@ -178,3 +178,18 @@ def test_compose_file_passes_docker_compose_config(path, tmp_path):
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "variable is not set" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("fmt", ["compose", "kubernetes"])
+def test_container_formats_say_nothing_about_this_host(fmt):
+    """A container does not run on the host that emits it: no "this host
+    differs" warnings (issue 29: four of them, about the wrong machine)."""
+    import json
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "qtune", "emit", str(EXAMPLE_GPU), "-f", fmt,
+                        "--json"], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).parents[2])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["warnings"] == []
+    assert "this host differs" not in r.stderr
