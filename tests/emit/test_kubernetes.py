@@ -237,3 +237,19 @@ def test_unicode_digits_are_no_cpu_list(cpus):
 
     with pytest.raises(ValidationError, match="CPU list"):
         sample_profile(placement={"numa_node": 0, "cpus": cpus, "why": "x"})
+
+
+@pytest.mark.parametrize("metrics", [
+    {"objective": {"name": "capacity", "direction": "maximize", "best": 1e300}},
+    {"objective": {"name": "e2e_p99", "direction": "minimize", "best": 1.0},
+     "best": {"request_throughput": float("inf")}},
+])
+def test_no_autoscaler_on_a_figure_that_is_no_measurement(metrics):
+    """Issue 28: ``inf`` gave ``threshold: inf`` in KEDA (and 1e300 one no
+    load reaches): such a figure is no measured rate."""
+    for scale in ("keda", "hpa"):
+        with pytest.raises(InputError, match="no measured rate"):
+            emit(sample_profile(metrics=metrics), "kubernetes", autoscale=scale)
+    board = emit(sample_profile(metrics=metrics), "grafana")
+    assert "Infinity" not in board and "e+300" not in board
+    json.loads(board)
