@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from qtune.emit.systemd import _cache_env, unit_name
 from qtune.errors import InputError, ProfileError
 from qtune.profile import Profile
 from tests.emit import readback as rb
-from tests.fakes.profile import sample_profile
+from tests.fakes.profile import PYTHON, sample_profile
 
 # Characters every format treats specially, and line breaks of every kind
 # (YAML also breaks at U+0085, U+2028, U+2029).
@@ -76,7 +75,7 @@ number = mostly(st.one_of(st.floats(0, 1e6), st.integers(0, 10**6)),
 @st.composite
 def profiles(draw: st.DrawFn, exe: st.SearchStrategy[str] | None = None) -> dict[str, Any]:
     base = sample_profile().model_dump(mode="json")
-    argv = [draw(exe if exe is not None else often(st.just(sys.executable))), "-m",
+    argv = [draw(exe if exe is not None else often(st.just(PYTHON))), "-m",
             draw(often(st.just("vllm.entrypoints.openai.api_server")))]
     if draw(st.booleans()):
         argv += ["--model", draw(often(st.just("/data/models/m")))]
@@ -254,7 +253,7 @@ def test_any_profile_is_refused_or_read_back_exactly(tmp_path, data):
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture,
                                  HealthCheck.too_slow])
-@given(data=profiles(exe=st.just(sys.executable)))
+@given(data=profiles(exe=st.just(PYTHON)))
 def test_systemd_analyze_accepts_every_unit_that_is_emitted(tmp_path, data):
     p = load(tmp_path, data)
     if p is None:

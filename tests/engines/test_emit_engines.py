@@ -24,7 +24,7 @@ from qtune.profile import Profile
 from tests.emit.test_properties import check_systemd
 from tests.engines.conftest import H200X2, replay_nvml
 from tests.fakes.model import make_model
-from tests.fakes.profile import sample_profile
+from tests.fakes.profile import PYTHON, sample_profile
 
 VERSIONS = {"vllm": "0.26.0", "sglang": "0.5.17", "tgi": "3.3.7"}
 
@@ -39,7 +39,7 @@ def engine_profile(name: str, tmp_path: Path) -> Profile:
     program.chmod(0o755)
     host = probe(root=H200X2, nvml=replay_nvml(H200X2), engine_python=sys.executable)
     model = resolve_model(str(make_model(tmp_path / "qwen3-4b")))
-    install = EngineInstall(name, VERSIONS[name], "cuda", sys.executable, str(program))
+    install = EngineInstall(name, VERSIONS[name], "cuda", PYTHON, str(program))
     ctx = SpaceContext(host, model, install)
     params = {p.name: (p.choices[-1] if p.kind == "choice" else p.low)
               for p in engine.space(ctx) if p.kind != "bool"}
@@ -135,7 +135,7 @@ def test_the_h200_studies_profiles_emit_files_the_validators_accept(
     systemd checks that ExecStart exists, so this host's Python stands in."""
     real = Profile.load(Path(__file__).parents[2] / "examples" / folder / name)
     assert real.engine.name == engine and real.argv[0] == python
-    p = real.model_copy(update={"argv": [sys.executable, *real.argv[1:]]})
+    p = real.model_copy(update={"argv": [PYTHON, *real.argv[1:]]})
     # the model under /tmp and the tokenizer under /root, as on the device:
     # refused as they are, emitted for root with /tmp visible
     with pytest.raises(InputError, match="/tmp/qrepo/examples/qwen3-4b"):
