@@ -253,3 +253,48 @@ def test_no_autoscaler_on_a_figure_that_is_no_measurement(metrics):
     board = emit(sample_profile(metrics=metrics), "grafana")
     assert "Infinity" not in board and "e+300" not in board
     json.loads(board)
+
+
+# -- through `qtune emit`, as the console script runs it --------------------------
+def _argv_plus(*words: str) -> Any:
+    def change(d: dict[str, Any]) -> None:
+        d["argv"] = [*d["argv"], *words]
+    return change
+
+
+def _python_at(path: str) -> Any:
+    def change(d: dict[str, Any]) -> None:
+        d["argv"][0] = path
+    return change
+
+
+def _param(name: str, value: Any) -> Any:
+    def change(d: dict[str, Any]) -> None:
+        d["params"][name] = value
+    return change
+
+
+@pytest.mark.parametrize(("fmt", "change", "needle"), [
+    ("compose", _argv_plus("--tokenizer", "/"), "--tokenizer /: a container would mount"),
+    ("kubernetes", _argv_plus("--", "--tokenizer", "/var/run/docker.sock"),
+     "/var/run/docker.sock"),
+    ("kubernetes", _argv_plus("--tokenizer=/home/alice"), "no model folder"),
+    ("systemd", _python_at("/tmp/clone/.venv/bin/python3"),
+     "ExecStart: /tmp/clone/.venv/bin/python3 is under /tmp"),
+    ("systemd", _argv_plus("--tokenizer", "/root/.cache/qtune/t"), "only root can read"),
+    ("systemd", _param("max_num_seqs", 64),
+     "params.max_num_seqs is 64 but argv has --max-num-seqs 8"),
+    ("kubernetes", _param("max_num_seqs", "fast"), "params.max_num_seqs is fast"),
+])
+def test_refused_through_the_cli_with_one_error_and_a_hint(
+        tmp_path, monkeypatch, capsys, fmt, change, needle):
+    from tests.emit.test_hostile import run_emit, write_profile
+
+    path = write_profile(tmp_path, change)
+    rc, out, err = run_emit([str(path), "--format", fmt, "-o", str(tmp_path / "out" / "f")],
+                            monkeypatch, capsys)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 1 and "Traceback" not in out + err, err
+    assert len(lines) == 2 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert lines[1].startswith("hint: "), err
+    assert sorted(os.listdir(tmp_path)) == ["p.yaml"]  # nothing written
