@@ -891,11 +891,16 @@ def emit(
     prometheus_url: Annotated[str | None, typer.Option(
         help="kubernetes --autoscale keda: the Prometheus KEDA asks (default: "
              "the Prometheus Operator's prometheus-operated Service).")] = None,
+    user: Annotated[str | None, typer.Option(
+        help="systemd: run as this user (default: a DynamicUser=).")] = None,
+    allow_tmp: Annotated[bool, typer.Option(
+        help="systemd: drop PrivateTmp= so paths under /tmp stay visible.")] = False,
     force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
     """Turn a profile into a deployable unit (printed, or written with -o)."""
     from qtune import console
+    from qtune.emit import CONTAINER_EMITTERS
     from qtune.emit import emit as do_emit
     from qtune.files import check_target, write_atomic
     from qtune.profile import Profile
@@ -904,8 +909,10 @@ def emit(
     if output is not None:  # before the profile is read
         check_target(output, "-o", force=force)
     prof = Profile.load(profile)
-    text = do_emit(prof, format, image, autoscale, max_replicas, prometheus_url)
-    warnings = _provenance(prof)
+    text = do_emit(prof, format, image, autoscale, max_replicas, prometheus_url, user,
+                   allow_tmp)
+    # A container does not run on this host: its differences say nothing.
+    warnings = [] if format in CONTAINER_EMITTERS else _provenance(prof)
     for w in warnings:
         console.warn(f"this host differs from the one the profile was tuned on: {w}")
     if output is not None:

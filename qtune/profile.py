@@ -67,7 +67,9 @@ _PARAM_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
 _OBJECTIVE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 # What a CPU list looks like to the kernel, systemd's CPUAffinity= and
 # Docker's cpuset: "0-3,8".
-_CPU_LIST = re.compile(r"\d{1,4}(?:-\d{1,4})?(?:,\d{1,4}(?:-\d{1,4})?)*")
+# ASCII digits only: \d takes any Unicode digit ("٠-٣"), which int() reads
+# and systemd does not (the unit then fails to parse its affinity).
+_CPU_LIST = re.compile(r"[0-9]{1,4}(?:-[0-9]{1,4})?(?:,[0-9]{1,4}(?:-[0-9]{1,4})?)*")
 # systemd keeps CPU sets below 8192 CPUs; the kernel's MAX_NUMNODES is 1024.
 _MAX_CPU, _MAX_NODE = 8191, 1023
 # The executable: absolute, normalised (systemd refuses "/a/../b" and
@@ -254,7 +256,9 @@ class _Objective(_Open):
 
 class _Metrics(_Open):
     objective: _Objective | None = None
-    startup_s: Annotated[Finite, Field(ge=0)] | None = None
+    # A day: longer is no start qtune measured (1e300 gave a 301-digit
+    # TimeoutStartSec, 4x the start, in every unit).
+    startup_s: Annotated[Finite, Field(ge=0, le=86400)] | None = None
 
 
 class _Params(_Open):
@@ -351,9 +355,13 @@ class Profile(_Strict):
         data = read_mapping(path, "profile", "profiles are written by `qtune search` "
                             "under profiles/", ProfileError)
         try:
-            return cls.model_validate(data)
+            profile = cls.model_validate(data)
         except ValidationError as exc:
             raise profile_error(path, exc) from None
+        from qtune.profile_argv import check_sources
+
+        check_sources(profile, str(path))  # params and argv say the same
+        return profile
 
     def dump(self) -> str:
         return yaml.safe_dump(

@@ -21,7 +21,13 @@ bash scripts/setup.sh
   --confirm-top 2 --confirm-repeats 1 --speculative "${SPECULATIVE:-off}" \
   --out profiles/quickstart.yaml
 echo; echo "== profiles/quickstart.yaml"; cat profiles/quickstart.yaml
-.venv/bin/qtune emit profiles/quickstart.yaml --format systemd -o profiles/quickstart.service
+# The unit runs as you (the venv and the model cache are yours; /root is
+# closed to any other user), and a clone under /tmp needs /tmp visible to it
+# (PrivateTmp= would hide it; qtune emit refuses such a path otherwise).
+EMIT_OPTS=(--user "$(id -un)")
+case "$PWD/" in /tmp/*|/var/tmp/*) EMIT_OPTS+=(--allow-tmp) ;; esac
+.venv/bin/qtune emit profiles/quickstart.yaml --format systemd "${EMIT_OPTS[@]}" \
+  -o profiles/quickstart.service
 echo; echo "== profiles/quickstart.service"; cat profiles/quickstart.service
 if command -v systemd-analyze >/dev/null; then
   systemd-analyze verify --man=no --generators=no profiles/quickstart.service \

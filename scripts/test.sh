@@ -30,6 +30,14 @@ if ! compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null && ! command -v pg
   # it as an unprivileged user, since PostgreSQL refuses root).
   apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql >/dev/null
 fi
+if [ ! -x .venv-checkov/bin/checkov ]; then
+  # Kubernetes manifests are checked by Checkov's policies, a checker operators
+  # run (tests/emit/test_kubernetes.py), in a venv of its own: its pins are not
+  # qtune's.  Offline once installed (--skip-download); its test skips without it.
+  { python3 -m venv .venv-checkov && .venv-checkov/bin/pip install -q \
+      --disable-pip-version-check 'checkov==3.3.30'; } >/dev/null 2>&1 ||
+    echo "warning: scripts/test.sh: checkov did not install; its tests skip" >&2
+fi
 # The habits the house keeps, checked before the tests: lint (benchmarks
 # are scripts but are read like the package) and strict types on qtune/.
 .venv/bin/python -m ruff check qtune tests benchmarks || {

@@ -106,7 +106,12 @@ def test_search_profile_emit_and_resume(tmp_path):
     assert wait_gone(10) == []
 
     unit = tmp_path / "qtune-e2e.service"
+    # The test's model cache is under /tmp (QTUNE_CACHE), which the unit's
+    # PrivateTmp= would hide: refused as it is, emitted with /tmp visible.
     r = qtune("emit", res["profile"], "--format", "systemd", "-o", str(unit), cwd=tmp_path)
+    assert r.returncode == 1 and "PrivateTmp" in r.stderr and not unit.exists(), r.stderr
+    r = qtune("emit", res["profile"], "--format", "systemd", "--user", "root", "--allow-tmp",
+              "-o", str(unit), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     if shutil.which("systemd-analyze"):
         v = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no",

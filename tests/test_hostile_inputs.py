@@ -65,7 +65,7 @@ class Env:
         d = sample_profile().model_dump(mode="json")
         d["model"]["path"] = mpath
         d["argv"] = [str(self.engine), "-m", "vllm.entrypoints.openai.api_server",
-                     "--model", mpath, "--port", "8000"]
+                     "--model", mpath, "--port", "8000", "--max-num-seqs", "8"]
         for k, v in over.items():
             cur = d
             *head, last = k.split(".")

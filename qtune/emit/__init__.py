@@ -21,13 +21,22 @@ CONTAINER_EMITTERS: dict[str, Callable[[Profile, str | None], str]] = {
 
 def emit(profile: Profile, fmt: str, image: str | None = None,
          autoscale: str | None = None, max_replicas: int = 4,
-         prometheus_url: str | None = None) -> str:
+         prometheus_url: str | None = None, user: str | None = None,
+         allow_tmp: bool = False) -> str:
+    if (user is not None or allow_tmp) and fmt != "systemd":
+        raise InputError(f"--user/--allow-tmp: the {fmt} format sets no host user or /tmp",
+                         hint="--user and --allow-tmp are for --format systemd")
     if autoscale is not None and fmt != "kubernetes":
         raise InputError(f"--autoscale: the {fmt} format has no autoscaler",
                          hint="--autoscale is for --format kubernetes")
     if prometheus_url is not None and autoscale != "keda":
         raise InputError("--prometheus-url: only KEDA's trigger asks Prometheus",
                          hint="use it with --format kubernetes --autoscale keda")
+    if fmt == "systemd":
+        if image is not None:
+            raise InputError("--image: the systemd format runs the profile's own command",
+                             hint="--image is for compose and kubernetes")
+        return render_systemd(profile, user, allow_tmp)
     if fmt == "kubernetes":
         return kubernetes.render(profile, image, autoscale, max_replicas, prometheus_url)
     if fmt in CONTAINER_EMITTERS:

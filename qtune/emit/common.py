@@ -11,6 +11,8 @@ def start_timeout(profile: Profile) -> int:
     compile on GPU) dominates start, so 4x what the tuned start took, and
     never less than 10 minutes."""
     startup = float(profile.metrics.get("startup_s") or 120.0)
+    # the profile keeps startup_s within a day; this is the formats' own guard
+    startup = min(startup, 86400.0) if startup == startup else 120.0
     return max(600, int(startup * 4 + 59) // 60 * 60)
 
 
@@ -42,14 +44,25 @@ def summary_lines(profile: Profile) -> list[str]:
     )]
 
 
+def dummy_weights(profile: Profile) -> bool:
+    """Whether the server loads random weights: the search records the load
+    format it started the engine with in ``model.load_format``."""
+    return profile.model.get("load_format") == "dummy"
+
+
 def quality_warnings(profile: Profile) -> list[str]:
     """What every deploy file says when the winner changes the model's
     numerics (fp8 weights or KV cache) and its answer quality was not
     measured (issue 27: searched on random weights with --lossy)."""
+    out = []
+    if dummy_weights(profile):
+        out.append("WARNING: this command loads RANDOM weights (load format dummy): "
+                   "its answers are noise; point the model at the real checkpoint and "
+                   "drop the load format before serving")
     q = profile.metrics.get("quality") or {}
     numerics = q.get("numerics") if isinstance(q, dict) else None
     if not numerics or not isinstance(numerics, dict) or q.get("measured"):
-        return []
+        return out
     what = ", ".join(f"{k}={v}" for k, v in sorted(numerics.items()))
-    return [f"WARNING: this config changes the model's numerics ({what}) and its answer "
+    return [*out, f"WARNING: this config changes the model's numerics ({what}) and its answer "
             "quality was NOT measured; measure it on the real weights before serving"]

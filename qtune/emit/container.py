@@ -10,6 +10,11 @@ What has to change between the host and a container:
   and the arguments rewritten to the container paths.  A Hugging Face cache
   snapshot brings its repo folder (``models--org--name``: snapshots are
   symlinks into its ``blobs/``), and only that: not the cache's token file;
+- a mount is only ever what a model folder can be: the root, the home
+  folders themselves, system and runtime folders (``/etc``, ``/proc``,
+  ``/sys``, ``/dev``, ``/run``, ``/boot``, the container runtimes' state)
+  and sockets are refused wherever the flag stands in argv (after a ``--``
+  too), so a profile cannot hand the container the host or its Docker socket;
 - ``--host`` becomes 0.0.0.0 (the port is published or fronted by a Service);
 - ``PYTHONPATH`` names the host's install: dropped, the image has its own.
 
@@ -35,7 +40,14 @@ from qtune.errors import InputError
 from qtune.profile import Profile
 
 _HOST_ONLY_ENV = {"PYTHONPATH"}
-_CACHE_IN_IMAGE = "/root/.cache/huggingface"
+_CACHE_IN_IMAGE = ".cache/huggingface"  # below the image user's home
+# No model folder is one of these or lies below one: the host's system,
+# kernel and runtime state, and the container runtimes' sockets.
+_NEVER_BELOW = ("/etc", "/proc", "/sys", "/dev", "/run", "/var/run", "/boot",
+                "/var/lib/docker", "/var/lib/containerd", "/var/lib/kubelet")
+# ... nor one of these itself (a model may live below them).
+_NEVER_AT = ("/", "/root", "/home", "/var", "/usr", "/opt", "/srv", "/mnt", "/media",
+             "/data", "/tmp", "/var/lib", "/var/tmp", "/lib", "/bin", "/sbin")
 
 
 @dataclass(frozen=True)
@@ -88,7 +100,26 @@ def dns_name(text: str) -> str:
     return s
 
 
-def _mount_for(path: str, role: str, taken: list[Mount]) -> tuple[Mount, str]:
+def check_mount(path: str, flag: str) -> None:
+    """Refuse a host path no model folder can be (see the module's notes)."""
+    import posixpath
+
+    norm = posixpath.normpath(path)
+    norm = "/" + norm.lstrip("/")  # normpath keeps a leading "//"
+    parts = PurePosixPath(norm).parts
+    home = len(parts) == 3 and parts[1] == "home"  # /home/alice itself
+    sock = norm.endswith(".sock") or PurePosixPath(norm).name in ("docker", "containerd")
+    below = any(norm == r or norm.startswith(r + "/") for r in _NEVER_BELOW)
+    if norm in _NEVER_AT or home or sock or below:
+        raise InputError(
+            f"{flag} {norm}: a container would mount this host path, which is no "
+            "model folder (the root, a home folder, system or runtime state, a socket)",
+            hint="point the flag at the model's own folder (the one holding "
+                 "config.json), e.g. /srv/models/NAME")
+
+
+def _mount_for(path: str, role: str, taken: list[Mount],
+               home: str = "/root") -> tuple[Mount, str]:
     """The mount that makes host ``path`` visible, and its container path.
     One mount per host folder; two folders never share a container path or
     a volume name."""
@@ -98,7 +129,7 @@ def _mount_for(path: str, role: str, taken: list[Mount]) -> tuple[Mount, str]:
                  and parts[i + 1] == "snapshots"), None)
     if repo is not None:
         host = str(PurePosixPath(*parts[:repo + 1]))
-        root = f"{_CACHE_IN_IMAGE}/hub/{parts[repo]}"
+        root = f"{home}/{_CACHE_IN_IMAGE}/hub/{parts[repo]}"
         inner = str(PurePosixPath(*parts[repo + 1:]))
         name = dns_name("hf-" + parts[repo][len("models--"):])
     else:
@@ -116,7 +147,10 @@ def _mount_for(path: str, role: str, taken: list[Mount]) -> tuple[Mount, str]:
     return same, f"{same.container}/{inner}" if inner else same.container
 
 
-def container_view(profile: Profile, image: str | None = None) -> Container:
+def container_view(profile: Profile, image: str | None = None,
+                   home: str = "/root") -> Container:
+    """The container of ``profile``; ``home``: the image user's home (the
+    Hugging Face cache below it), /root where the image runs as root."""
     argv = list(profile.argv)
     engine = ENGINES.get(profile.engine.name)
     words = engine.command_words() if engine else CommandWords()
@@ -164,7 +198,8 @@ def container_view(profile: Profile, image: str | None = None) -> Container:
                     "needs the host folder to mount",
                     hint="re-run qtune search (it writes absolute paths) or fix the profile")
             role = "model" if a in words.model else "tokenizer"
-            _, dest = _mount_for(val, role, mounts)
+            check_mount(val, a)
+            _, dest = _mount_for(val, role, mounts, home)
             args += [a, dest]
             i += 2
             continue

@@ -17,6 +17,13 @@ Built with Grafana's Foundation SDK (typed builders, offline), for Grafana
 against the SDK's JSON schemas and every query through the real ``promtool``.
 Expressions use fixed windows (``RATE_WINDOW``), never Grafana's
 ``$__rate_interval``, so they are plain PromQL that promtool can check.
+
+Grafana interpolates ``$var``, ``${var}`` and ``[[var]]`` in titles,
+descriptions, legends and queries, and has no escape for them: a served
+model name is the server's text, so ``no_variables`` writes a ``$`` in a
+query's string literal as ``\\x24`` (PromQL reads it back as ``$``) and in
+other text as U+FF04 (＄), and ``[[`` as ``[ [``; the one variable qtune
+means, ``${datasource}``, is the only one left.
 """
 
 from __future__ import annotations
@@ -158,8 +165,30 @@ def dashboard(profile: Profile) -> dict[str, Any]:
     for panel in panels(profile):
         board.with_panel(panel)
     data: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
-    return data
+    out: dict[str, Any] = no_variables(data)
+    return out
+
+
+_OURS = "${" + DATASOURCE_VAR + "}"
+
+
+def no_variables(value: Any, key: str = "") -> Any:
+    """``value`` with no Grafana variable reference but ``${datasource}``."""
+    if isinstance(value, dict):
+        return {k: no_variables(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [no_variables(v, key) for v in value]
+    if not isinstance(value, str) or value == _OURS:
+        return value
+    if key == "expr":
+        # qtune's PromQL holds "$" and "[[" only inside the model's string
+        # literal, where Go's escapes read back as the same characters.
+        return value.replace("$", "\\x24").replace("[[", "[\\x5b")
+    return value.replace("$", "\uff04").replace("[[", "[ [")
 
 
 def render(profile: Profile) -> str:
-    return json.dumps(dashboard(profile), indent=2, sort_keys=False) + "\n"
+    # allow_nan=False: Grafana's JSON parser refuses Infinity (figure() keeps
+    # every threshold finite; this is the format's own guard)
+    return json.dumps(dashboard(profile), indent=2, sort_keys=False,
+                      allow_nan=False) + "\n"

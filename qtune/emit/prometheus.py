@@ -17,6 +17,10 @@ engine's own metrics (names from its adapter, ``Engine.metric_names``):
   server for 2 minutes (down, or not scraped).
 
 Every alert's annotations name the profile figure its threshold came from.
+Prometheus expands annotations (and labels) as Go templates, with ``query``
+and the alert's labels at hand: a served model name is the server's text, so
+every brace in an annotation is written as a template action that prints it
+(``template_text``), and no name can add an action of its own.
 Rules select the served model by the engine's model label, so several
 profiles can share one Prometheus.  Checked by the real ``promtool check
 rules`` and ``promtool test rules`` in the tests.
@@ -24,6 +28,7 @@ rules`` and ``promtool test rules`` in the tests.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +82,24 @@ def promql_string(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def template_text(text: str) -> str:
+    """``text`` for a Prometheus annotation: read back as ``text`` by Go's
+    text/template.  Each ``{`` and ``}`` becomes an action printing it, so
+    the text between actions holds no brace and no ``{{`` can start one."""
+    return re.sub(r"[{}]", lambda m: '{{"' + m[0] + '"}}', one_line(text))
+
+
+def figure(value: object, high: float = 1e9) -> float | None:
+    """A measured figure an emitter may write as a threshold: a finite,
+    positive number below ``high`` (a profile's free-form metrics may hold
+    ``.inf`` or 1e300, which would become ``threshold: inf`` in KEDA,
+    ``Infinity`` in Grafana's JSON and an alert that never fires)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) and 0 < v < high else None
+
+
 def _rule_id(text: str) -> str:
     """CamelCase from the profile name for alert names (``[A-Za-z0-9_]``)."""
     parts = re.split(r"[^A-Za-z0-9]+", text)
@@ -87,12 +110,14 @@ def capacity(profile: Profile) -> tuple[float, str] | None:
     """(req/s, where it came from) for the request-rate alert."""
     obj = profile.metrics.get("objective") or {}
     best = profile.metrics.get("best") or {}
-    if obj.get("name") == "capacity" and isinstance(obj.get("best"), (int, float)):
-        return float(obj["best"]), f"capacity {obj['best']:g} req/s measured under the SLO"
-    served = best.get("request_throughput")
-    if isinstance(served, (int, float)) and served > 0:
-        offered = profile.workload.get("rate")
-        at = f" at {offered:g} offered" if isinstance(offered, (int, float)) else ""
+    # a million req/s per replica is beyond any server: a figure above is no measurement
+    cap = figure(obj.get("best"), 1e6)
+    if obj.get("name") == "capacity" and cap is not None:
+        return cap, f"capacity {cap:g} req/s measured under the SLO"
+    served = figure(best.get("request_throughput"), 1e6)
+    if served is not None:
+        offered = figure(profile.workload.get("rate"), 1e6)
+        at = f" at {offered:g} offered" if offered is not None else ""
         return float(served), (f"{served:.2f} req/s served in the profile's measurement"
                                f"{at} (not a capacity: tune with --objective capacity "
                                "for one)")
@@ -121,13 +146,18 @@ def _preemptions_note(profile: Profile) -> str:
 def latency_targets(profile: Profile) -> list[tuple[SLO, str]]:
     """(SLO, where its threshold came from) for each latency alert."""
     slos = [s for s in parse_slo(",".join(profile.slo)) if s.metric != "throughput"]
+    for s in slos:
+        if figure(s.limit, 8.64e7) is None:
+            raise InputError(f"profile slo: the {s.metric} limit is not a time above 0 "
+                             "and below a day", hint="fix the profile's slo (e.g. "
+                             "ttft_p99<=500ms)")
     if slos:
         return [(s, f"the profile's SLO {s}") for s in slos]
     best = profile.metrics.get("best") or {}
     out = []
     for metric in ("ttft", "tpot", "e2e"):
-        p99 = (best.get(f"{metric}_ms") or {}).get("p99")
-        if isinstance(p99, (int, float)) and p99 > 0:
+        p99 = figure((best.get(f"{metric}_ms") or {}).get("p99"), 8.64e7)  # ms: a day
+        if p99 is not None:
             limit = p99 * NO_SLO_MARGIN
             out.append((SLO(f"{metric}_p99", "<=", limit),
                         f"no SLO in the profile: its measured {metric} p99 {p99:.1f} ms "
@@ -218,8 +248,8 @@ def rules(profile: Profile) -> dict[str, Any]:
         if for_:
             rule["for"] = for_
         rule.update(labels={**base_labels, "severity": severity},
-                    annotations={"summary": one_line(summary),
-                                 "threshold_from": one_line(threshold_from)})
+                    annotations={"summary": template_text(summary),
+                                 "threshold_from": template_text(threshold_from)})
         alerts.append(rule)
 
     for slo, source in latency_targets(profile):

@@ -15,6 +15,23 @@ Escaping follows systemd.service(5) and systemd.exec(5):
   (the profile refuses them at load; this is the emitter's own guard).
 Secrets never go in the unit: an ``EnvironmentFile=`` (mode 0600) carries
 HF_TOKEN and friends.
+
+What the unit runs as, and what it can see (issue 29):
+- an unprivileged user: ``DynamicUser=yes`` by default, or ``User=`` when
+  ``--user`` names one; on a CUDA build with the GPU groups
+  (``SupplementaryGroups=video render``) and ``DeviceAllow=`` for
+  ``/dev/nvidia*`` under ``DevicePolicy=closed``;
+- writable caches (Hugging Face, the engine's compile caches, Triton) in
+  ``CacheDirectory=`` and a home in ``StateDirectory=``: the user owns no
+  other folder, and ``DynamicUser=`` makes the rest of the system read-only;
+- ``PrivateTmp=yes`` gives the service an empty ``/tmp``: a path under
+  ``/tmp`` or ``/var/tmp`` in ``ExecStart=`` or ``Environment=`` would not be
+  found (4 of the 5 example profiles had one), so it is refused unless the
+  user opts out of the private ``/tmp`` (``--allow-tmp``); a path under
+  ``/root`` is refused unless the unit runs as root (``/root`` is mode 0700:
+  no other user can reach a file below it);
+- the profile's warnings (random weights, lossy numerics not measured) and
+  notes as comment lines at the top, as Compose and Kubernetes carry them.
 """
 
 from __future__ import annotations
@@ -69,7 +86,59 @@ def unit_name(profile: Profile) -> str:
     return base if base.startswith("qtune") else "qtune-" + base
 
 
-def render(profile: Profile) -> str:
+# Folders PrivateTmp=yes replaces with an empty one (systemd.exec(5)).
+_PRIVATE_TMP = ("/tmp", "/var/tmp")
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,30}")
+# Paths that name a file in a word: the word itself, or the value of
+# --flag=/path, or a colon-separated list (PYTHONPATH).
+_PATHISH = re.compile(r"(?:^|[=:])(/[^:=]*)")
+
+
+def _paths(word: str) -> list[str]:
+    return [m.group(1) for m in _PATHISH.finditer(word)]
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    import posixpath
+
+    p = posixpath.normpath(path)
+    return any(p == r or p.startswith(r + "/") for r in roots)
+
+
+def check_paths(profile: Profile, user: str | None, allow_tmp: bool) -> None:
+    """Refuse a unit that would not find its own files under its sandbox."""
+    places = [("ExecStart", w) for w in profile.argv] + [
+        (f"Environment {k}", v) for k, v in sorted(profile.env.items())]
+    for where, word in places:
+        for path in _paths(word):
+            if not allow_tmp and _under(path, _PRIVATE_TMP):
+                raise InputError(
+                    f"{where}: {path} is under /tmp or /var/tmp, which PrivateTmp=yes "
+                    "hides from the service",
+                    hint="move it (a venv under /opt, a model under /srv or /var/lib), "
+                         "re-run qtune search, or give --allow-tmp to drop PrivateTmp=")
+            if user != "root" and _under(path, ("/root",)):
+                raise InputError(
+                    f"{where}: {path} is under /root, which only root can read "
+                    f"(the unit runs as {user or 'a dynamic user'})",
+                    hint="move it out of /root (a model under /srv or /var/lib), "
+                         "or give --user root to run the server as root")
+
+
+def render(profile: Profile, user: str | None = None, allow_tmp: bool = False) -> str:
+    """The unit.  ``user``: the account it runs as (``DynamicUser=yes``
+    when None); ``allow_tmp``: drop ``PrivateTmp=`` instead of refusing a
+    path under /tmp."""
+    if user is not None and not _USER.fullmatch(user):
+        raise InputError("--user: not a user name systemd accepts",
+                         hint="a POSIX user name: lower-case letters, digits, _ and -")
+    if user == "nobody":
+        # systemd warns "Special user nobody configured, this is not safe!":
+        # every service run as nobody shares its files and processes
+        raise InputError("--user nobody: systemd calls this unsafe (nobody is shared "
+                         "by every service that uses it)",
+                         hint="leave --user out for a DynamicUser=, or name a user of its own")
+    check_paths(profile, user, allow_tmp)
     name = unit_name(profile)
     timeout_start = start_timeout(profile)
     argv = [exec_word(a) for a in profile.argv]
@@ -85,7 +154,8 @@ def render(profile: Profile) -> str:
     gpu = profile.engine.build == "cuda"
     desc = f"LLM server {profile.model.get('id')} (qtune profile {profile.name})"
     _reject_control(desc, "Description")
-    lines = [comment(line) for line in summary_lines(profile)] + [
+    head = summary_lines(profile) + [f"note: {n}" for n in profile.notes]
+    lines = [comment(line) for line in head] + [
         "[Unit]",
         "Description=" + desc.replace("%", "%%"),
         "After=network-online.target",
@@ -98,7 +168,7 @@ def render(profile: Profile) -> str:
         # Secrets (HF_TOKEN, ...) live here, root-only, never in the unit.
         f"EnvironmentFile=-/etc/qtune/{name}.env",
     ]
-    for k, v in sorted(profile.env.items()):
+    for k, v in sorted({**_cache_env(name), **profile.env}.items()):
         lines.append("Environment=" + env_assignment(k, v))
     lines += exec_lines
     lines += [
@@ -108,8 +178,9 @@ def render(profile: Profile) -> str:
         "Restart=on-failure",
         "RestartSec=15",
         "LimitNOFILE=65536",
+        *_identity(name, user, gpu),
         "NoNewPrivileges=yes",
-        "PrivateTmp=yes",
+        *([] if allow_tmp else ["PrivateTmp=yes"]),
         "ProtectKernelTunables=yes",
         "ProtectKernelModules=yes",
         "ProtectControlGroups=yes",
@@ -117,8 +188,12 @@ def render(profile: Profile) -> str:
         "LockPersonality=yes",
     ]
     if gpu:
-        # PrivateDevices would hide /dev/nvidia*; list them instead.
-        lines += ["DevicePolicy=closed", "DeviceAllow=char-nvidia* rw"]
+        # PrivateDevices would hide /dev/nvidia*; list them instead: the
+        # driver's character devices (nvidia, nvidiactl, nvidia-uvm,
+        # nvidia-caps) by their /proc/devices group, and the nodes CUDA opens.
+        lines += ["DevicePolicy=closed", "DeviceAllow=char-nvidia* rw",
+                  "DeviceAllow=/dev/nvidiactl rw", "DeviceAllow=/dev/nvidia-uvm rw",
+                  "DeviceAllow=/dev/nvidia-uvm-tools rw"]
     place = profile.placement or {}
     if place.get("numa_node") is not None:
         # Threads and memory on the node next to the GPU (or one node for
@@ -136,6 +211,27 @@ def render(profile: Profile) -> str:
     return "\n".join(lines)
 
 
+def _cache_env(name: str) -> dict[str, str]:
+    """Where the caches go: the folders CacheDirectory= and StateDirectory=
+    make (and hand to the unit's user).  The profile's own env wins."""
+    cache, state = f"/var/cache/{name}", f"/var/lib/{name}"
+    return {"HOME": state, "XDG_CACHE_HOME": cache, "HF_HOME": f"{cache}/huggingface"}
+
+
+def _identity(name: str, user: str | None, gpu: bool) -> list[str]:
+    lines = [f"CacheDirectory={name}", f"StateDirectory={name}"]
+    if user is None:
+        # An unprivileged user made at start, with a read-only system: a
+        # server bug cannot write outside its cache and state folders.
+        lines.insert(0, "DynamicUser=yes")
+    else:
+        lines.insert(0, f"User={user}")
+    if gpu and user != "root":
+        # Distributions give /dev/nvidia* and /dev/dri to these groups.
+        lines.append("SupplementaryGroups=video render")
+    return lines
+
+
 _BIND = "VLLM_CPU_OMP_THREADS_BIND"
 
 
@@ -143,7 +239,7 @@ def _placement_values(place: dict[str, object]) -> tuple[str, int]:
     """CPUAffinity= and NUMAMask= values, checked here too: the profile
     checks them at load, and these lines are the unit's own guard."""
     cpus, node = place.get("cpus"), place.get("numa_node")
-    if not isinstance(cpus, str) or not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", cpus):
+    if not isinstance(cpus, str) or not re.fullmatch(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*", cpus):
         raise InputError("placement.cpus is not a CPU list",
                          hint="a list like 0-31,64-95, as qtune probe writes it")
     if isinstance(node, bool) or not isinstance(node, int) or node < 0:

@@ -34,7 +34,7 @@ from qtune.model import ModelInfo, cache_dir
 __all__ = [
     "CacheVolume", "CommandWords", "Engine", "Failure", "FixedArgs", "LaunchSpec", "LoadView",
     "MetricNames", "Param", "RunningConfig", "int_flag", "SpaceContext", "StartPhases",
-    "classify_by_patterns",
+    "cached_engine_json", "classify_by_patterns",
 ]
 
 
@@ -206,6 +206,18 @@ class Engine(abc.ABC):
         "not known", and the adapter uses its built-in facts."""
         return None
 
+    def cached_args(self, version: str, build: str) -> dict[str, Any] | None:
+        """``read_args``'s answer for that version and build as qtune cached
+        it on this host, without starting the engine (a profile's params are
+        checked against it at load).  Default: None, not known."""
+        return None
+
+    def leaves_out(self, name: str, value: Any) -> bool:
+        """Whether ``launch_spec`` writes nothing for ``name`` at ``value``
+        (a "none" that means the model's own dtype, say): a profile's argv
+        then holds no flag for it.  Default: False."""
+        return False
+
     def shape(
         self, params: list[Param], ctx: SpaceContext, load: LoadView
     ) -> tuple[list[Param], dict[str, Any], list[str]]:
@@ -364,6 +376,17 @@ def int_flag(argv: Sequence[str], flag: str) -> int | None:
     if flag in argv[:-1]:
         return int(argv[list(argv).index(flag) + 1])
     return None
+
+
+def cached_engine_json(cache_name: str) -> dict[str, Any] | None:
+    """The mapping ``engine_json`` cached under ``cache_name`` on this host,
+    or None (never runs the engine)."""
+    path = cache_dir() / "engines" / cache_name
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def engine_json(install: EngineInstall, cache_name: str, script: str,

@@ -35,6 +35,7 @@ from qtune.engines.base import (
     MetricNames,
     Param,
     SpaceContext,
+    cached_engine_json,
     classify_by_patterns,
     engine_json,
     int_flag,
@@ -145,6 +146,12 @@ def read_server_args(install: EngineInstall, timeout: float = 240.0) -> dict[str
 
 class SGLang(Engine):
     name = "sglang"
+
+    def leaves_out(self, name: str, value: Any) -> bool:
+        return (name, value) == ("quantization", "none")  # the model's own dtype
+
+    def cached_args(self, version: str, build: str) -> dict[str, Any] | None:
+        return cached_engine_json(f"sglang-{version}-args-v1.json")
 
     def read_args(self, install: EngineInstall) -> dict[str, Any] | None:
         return read_server_args(install)
@@ -316,7 +323,7 @@ class SGLang(Engine):
             env["PYTHONPATH"] = ctx.install.pythonpath
         args = ctx.engine_args or {}
         for name, value in sorted(params.items()):
-            if name == "quantization" and value == "none":
+            if self.leaves_out(name, value):
                 continue  # the model's own dtype
             if name.isupper():
                 env[name] = str(value)

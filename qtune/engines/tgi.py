@@ -136,6 +136,9 @@ def _value(text: str) -> Any:
 class TGI(Engine):
     name = "tgi"
 
+    def leaves_out(self, name: str, value: Any) -> bool:
+        return (name, value) in (("quantize", "none"), ("kv_cache_dtype", "auto"))
+
     def read_args(self, install: EngineInstall) -> dict[str, Any] | None:
         """The installed launcher's options, from its ``--help`` (a Rust
         binary: milliseconds, nothing to cache)."""
@@ -255,7 +258,7 @@ class TGI(Engine):
             argv += ["--max-total-tokens", str(ctx.max_model_len)]
         args = ctx.engine_args or {}
         for name, value in sorted(params.items()):
-            if (name, value) in (("quantize", "none"), ("kv_cache_dtype", "auto")):
+            if self.leaves_out(name, value):
                 continue  # the model's own dtype: the option left out
             info = args.get(name)
             flag = info["flag"] if info else "--" + name.replace("_", "-")

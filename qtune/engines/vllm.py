@@ -35,6 +35,7 @@ from qtune.engines.base import (
     RunningConfig,
     SpaceContext,
     StartPhases,
+    cached_engine_json,
     classify_by_patterns,
     int_flag,
 )
@@ -303,6 +304,14 @@ class VLLM(Engine):
         if ctx.engine_args is not None and name not in ctx.engine_args:
             return {}
         return {name: _DEFAULT_CAPTURE}
+
+    def leaves_out(self, name: str, value: Any) -> bool:
+        # "none": the model's own dtype (vLLM has no "none" value); glibc's
+        # allocator: nothing to preload
+        return (name, value) in (("quantization", "none"), ("LD_PRELOAD", _NO_PRELOAD))
+
+    def cached_args(self, version: str, build: str) -> dict[str, Any] | None:
+        return cached_engine_json(f"vllm-{version}-{build}-args-v3.json")
 
     def read_args(self, install: EngineInstall) -> dict[str, Any] | None:
         """Read from the installed vLLM's argparse (``vllm_args``, cached)."""
@@ -712,10 +721,8 @@ class VLLM(Engine):
             if int(params.get("tensor_parallel_size", 1)) > 1:
                 params = self._no_multicast(params, ctx, env)
         for name, value in sorted(params.items()):
-            if name == "quantization" and value == "none":
-                continue  # the model's own dtype: vLLM has no "none" value
-            if name == "LD_PRELOAD" and value == _NO_PRELOAD:
-                continue  # glibc's allocator: nothing to preload
+            if self.leaves_out(name, value):
+                continue
             p = space.get(name)
             if (p is not None and p.target == "env") or name.isupper():
                 env[name] = str(value)

@@ -9,6 +9,7 @@ import yaml
 
 from qtune.emit import emit
 from qtune.errors import InputError
+from tests.emit.test_kubernetes import service_monitor_validator
 from tests.fakes.profile import sample_profile
 
 
@@ -25,22 +26,31 @@ def test_hpa_from_measured_capacity_passes_the_schema():
     text = emit(_capacity_profile(), "kubernetes", autoscale="hpa", max_replicas=6)
     docs = list(yaml.safe_load_all(text))
     for doc in docs:
-        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
-    deploy, _, hpa = docs
+        if doc["kind"] == "ServiceMonitor":
+            service_monitor_validator().validate(doc)
+        else:
+            kubernetes_validate.validate(doc, kubernetes_validate.latest_version(),
+                                         strict=True)
+    deploy, _, _, hpa, _ = docs
     assert hpa["kind"] == "HorizontalPodAutoscaler"
     assert "replicas" not in deploy["spec"]  # the HPA owns the count
     spec = hpa["spec"]
     assert spec["maxReplicas"] == 6 and spec["scaleTargetRef"]["name"] == deploy[
         "metadata"]["name"]
     assert spec["metrics"][0]["pods"]["target"]["averageValue"] == "17600m"  # 0.8 x 22
-    assert spec["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 218
+    # 60 s of stabilisation, one pod per measured start: a pod serves after
+    # 218 s + at most 60 s, not after 2 x 218 s
+    assert spec["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 60
+    assert spec["behavior"]["scaleUp"]["policies"][0]["periodSeconds"] == 218
+    assert deploy["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     assert "80% of capacity 22 req/s" in text
     assert "vllm:request_success_total{model_name=\"tiny\"}" in text  # adapter rule
 
 
 def test_without_autoscale_the_deployment_keeps_one_replica():
     docs = list(yaml.safe_load_all(emit(_capacity_profile(), "kubernetes")))
-    assert [d["kind"] for d in docs] == ["Deployment", "Service"]
+    assert [d["kind"] for d in docs] == ["Deployment", "Service", "NetworkPolicy"]
     assert docs[0]["spec"]["replicas"] == 1
 
 

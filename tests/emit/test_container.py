@@ -45,6 +45,10 @@ def test_view_maps_host_paths_ports_gpus_and_env():
     assert hf.host == "/data/hf/models--Qwen--Qwen3-4B"
     assert c.args[c.args.index("--model") + 1] == (
         "/root/.cache/huggingface/hub/models--Qwen--Qwen3-4B/snapshots/abc123")
+    # Kubernetes runs it as a non-root user, whose home is not /root
+    home = container_view(awkward_profile(), home="/home/qtune")
+    assert home.args[home.args.index("--model") + 1] == (
+        "/home/qtune/.cache/huggingface/hub/models--Qwen--Qwen3-4B/snapshots/abc123")
     assert c.args[c.args.index("--tokenizer") + 1] == "/models/tokenizer-tok"
     assert c.args[c.args.index("--host") + 1] == "0.0.0.0"
     assert c.port == 8123 and c.gpus == 4 and c.cpus == "16-31"
@@ -70,15 +74,18 @@ def test_compose_escapes_dollars_and_reserves_gpus():
 
 
 def test_kubernetes_sizes_probes_from_the_tuned_start_and_reads_the_token_from_a_secret():
-    dep, svc = yaml.safe_load_all(emit(awkward_profile(
+    dep, svc, _ = yaml.safe_load_all(emit(awkward_profile(
         metrics={**sample_profile().metrics, "startup_s": 300.0}), "kubernetes"))
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    assert c["resources"]["limits"] == {"nvidia.com/gpu": "4"} == c["resources"]["requests"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "4" == \
+        c["resources"]["requests"]["nvidia.com/gpu"]
     # 4 x 300 s = 1200 s of start allowance, probed every 10 s.
     assert c["startupProbe"]["failureThreshold"] == 120
-    token = next(e for e in c["env"] if e["name"] == "HF_TOKEN")
-    assert token["valueFrom"]["secretKeyRef"]["optional"] is True
+    # the token is a file from an optional Secret, never an env value
+    assert {"name": "HF_TOKEN_PATH", "value": "/var/run/secrets/huggingface/token"} in c["env"]
+    assert {"name": "hf-token", "secret": {"secretName": "hf-token", "optional": True,
+                                           "defaultMode": 0o440}} in pod["volumes"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
     assert svc["spec"]["ports"][0]["port"] == 8123
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
@@ -171,3 +178,18 @@ def test_compose_file_passes_docker_compose_config(path, tmp_path):
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "variable is not set" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("fmt", ["compose", "kubernetes"])
+def test_container_formats_say_nothing_about_this_host(fmt):
+    """A container does not run on the host that emits it: no "this host
+    differs" warnings (issue 29: four of them, about the wrong machine)."""
+    import json
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "qtune", "emit", str(EXAMPLE_GPU), "-f", fmt,
+                        "--json"], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).parents[2])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["warnings"] == []
+    assert "this host differs" not in r.stderr

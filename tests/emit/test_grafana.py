@@ -201,9 +201,32 @@ def test_hostile_served_name_breaks_neither_json_nor_promql(tmp_path, name):
     # the name changes the matcher's string literal and nothing else
     reference = exprs(json.loads(emit(_served("PLACEHOLDER"), "grafana")))
     for key, expr in exprs(board).items():
-        assert expr.replace(promql_string(name), promql_string("PLACEHOLDER")) == \
-            reference[key]
+        assert expr.replace(literal(name), promql_string("PLACEHOLDER")) == reference[key]
     promtool_check(tmp_path, board)
+    # Grafana interpolates $x, ${x} and [[x]]: none but ${datasource} is left
+    assert "$" not in text.replace("${datasource}", "") and "[[" not in text
+
+
+def literal(name: str) -> str:
+    """The name's PromQL literal as the dashboard writes it (Grafana's
+    variable syntax written with Go escapes, which PromQL reads back)."""
+    return promql_string(name).replace("$", "\\x24").replace("[[", "[\\x5b")
+
+
+@pytest.mark.parametrize("evil", ["${__user.login}", "$datasource", "[[v]]", "a$$b"])
+def test_grafana_variables_in_a_served_name_are_not_interpolated(tmp_path, evil):
+    """Issue 28: Grafana expands ``${...}``, ``$x`` and ``[[x]]`` in names and
+    queries.  The queries still select the name exactly (promtool parses the
+    escaped literal back to it), and no text carries a variable reference."""
+    text = emit(_profile(model={"id": "m", "path": "/m", "served_name": evil}), "grafana")
+    board = json.loads(text)
+    validate(board)
+    promtool_check(tmp_path, board)
+    assert "$" not in text.replace("${datasource}", "") and "[[" not in text
+    for expr in exprs(board).values():
+        assert literal(evil) in expr
+        # PromQL's lexer reads Go escapes as Python's does: the same name
+        assert __import__("ast").literal_eval(literal(evil)) == evil
 
 
 @pytest.mark.parametrize("evil", [
@@ -219,7 +242,7 @@ def test_hostile_served_name_is_one_matcher(tmp_path, evil):
     assert all(e.count(promql_string(evil)) >= 1 and
                "vector(1)" not in e.replace(promql_string(evil), "")
                for e in exprs(board).values())
-    assert board["title"] == f"qtune: tiny-slo ({evil})"
+    assert board["title"] == f"qtune: tiny-slo ({evil})".replace("$", "\uff04")
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))

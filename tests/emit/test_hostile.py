@@ -202,7 +202,8 @@ def test_created_as_a_yaml_date_is_refused(tmp_path, monkeypatch, capsys):
 def test_port_that_is_not_a_number_is_refused_by_the_container_formats(
         tmp_path, monkeypatch, capsys):
     base = sample_profile().argv
-    path = write_profile(tmp_path, at("argv", [*base[:5], "--port", "80x"]))
+    path = write_profile(tmp_path, at("argv", [*base[:5], "--port", "80x",
+                                               "--max-num-seqs", "8"]))
     for fmt in ("compose", "kubernetes"):
         rc, out, err = run_emit([str(path), "--format", fmt, "-o", str(tmp_path / "o")],
                                 monkeypatch, capsys)

@@ -1,6 +1,6 @@
 """``--format kubernetes --autoscale keda``: a KEDA ScaledObject on the same
 figures as the HPA (completed req/s per pod at 80% of the measured rate, the
-measured start as scale-up stabilisation), valid against KEDA's own CRD
+measured start as the scale-up pace), valid against KEDA's own CRD
 schema (v2.20.2, tests/fixtures/keda/SOURCE.md) with unknown fields refused,
 and its trigger's query accepted by the real ``promtool``."""
 
@@ -58,9 +58,10 @@ def crd_validator() -> jsonschema.protocols.Validator:
 
 def scaled_object(text: str) -> dict[str, Any]:
     docs = list(yaml.safe_load_all(text))
-    assert [d["kind"] for d in docs] == ["Deployment", "Service", "ScaledObject"]
+    assert [d["kind"] for d in docs] == ["Deployment", "Service", "NetworkPolicy",
+                                         "ScaledObject", "ServiceMonitor"]
     assert "replicas" not in docs[0]["spec"]  # the autoscaler owns the count
-    return docs[2]
+    return docs[3]
 
 
 def test_scaledobject_passes_kedas_crd_schema(tmp_path):
@@ -73,7 +74,9 @@ def test_scaledobject_passes_kedas_crd_schema(tmp_path):
                                       "name": so["metadata"]["name"]}
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (1, 6)
     behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
-    assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 218  # measured 217.4 s
+    # a short window, one pod per measured start (217.4 s): not 2x the start
+    assert behavior["scaleUp"] == {"stabilizationWindowSeconds": 60, "policies": [
+        {"type": "Pods", "value": 1, "periodSeconds": 218}]}
     (trigger,) = spec["triggers"]
     assert (trigger["type"], trigger["metricType"]) == ("prometheus", "AverageValue")
     meta = trigger["metadata"]

@@ -174,3 +174,48 @@ def test_promql_string_round_trips(text):
     inner = lit[1:-1].replace("\\\\", "")
     assert '"' not in inner.replace('\\"', "")  # no unescaped quote closes it early
     assert "\n" not in lit
+
+
+def test_a_template_in_the_served_name_is_printed_not_run(tmp_path):
+    """Issue 28: Prometheus expands annotations as Go templates (with
+    ``query``).  promtool's own test expands them: the alert's summary must
+    come back holding the name's text, braces and all, as written."""
+    evil = '{{ query "up" }}{{ $labels }}{x}'
+    text = emit(_profile(model={"id": "m", "path": "/m", "served_name": evil}),
+                "prometheus-rules")
+    rules_path = _check(tmp_path, text)
+    summary = f"time to first token p99 over 1000 ms for 10m ({evil})"
+    tests = {"rule_files": [rules_path.name], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": [
+            {"series": f"vllm:time_to_first_token_seconds_bucket{{model_name={s},le=\"{le}\"}}",
+             "values": f"0+{n}x40"}
+            for s in [promql_string(evil)] for le, n in (("0.5", 0), ("2.0", 100),
+                                                          ("+Inf", 100))],
+        "alert_rule_test": [{"eval_time": "30m", "alertname": "TinySloTTFTP99OverSLO",
+                             "exp_alerts": [{"exp_labels": {
+                                 "model_name": evil, "qtune_profile": "tiny-slo",
+                                 "severity": "page"},
+                                 "exp_annotations": {
+                                     "summary": summary,
+                                     "threshold_from": "the profile's SLO ttft_p99<=1000ms"}}]}],
+    }]}
+    test_path = tmp_path / "rules_test.yml"
+    test_path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    r = subprocess.run([_promtool(), "test", "rules", str(test_path)], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("metrics", [
+    {"objective": {"name": "e2e_p99", "direction": "minimize", "best": 1.0},
+     "best": {"request_throughput": float("inf"), "e2e_ms": {"p99": float("inf")}}},
+    {"objective": {"name": "e2e_p99", "direction": "minimize", "best": 1.0},
+     "best": {"request_throughput": 1e300, "ttft_ms": {"p99": 1e300}}},
+])
+def test_numbers_no_alert_can_use_are_left_out(metrics, tmp_path):
+    """Issue 28: ``inf`` or 1e300 in the free-form measurements gave alerts
+    that can never fire; such a figure is no threshold."""
+    text = emit(_profile(slo=[], metrics=metrics), "prometheus-rules")
+    _check(tmp_path, text)
+    assert "inf" not in text.lower().replace("+inf", "") and "e+300" not in text
+    assert "NearCapacity" not in text and "OverSLO" not in text

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qtune.emit import emit
+from qtune.emit.systemd import _cache_env, unit_name
 from qtune.errors import InputError, ProfileError
 from qtune.profile import Profile
 from tests.emit import readback as rb
-from tests.fakes.profile import sample_profile
+from tests.fakes.profile import PYTHON, sample_profile
 
 # Characters every format treats specially, and line breaks of every kind
 # (YAML also breaks at U+0085, U+2028, U+2029).
@@ -75,7 +75,7 @@ number = mostly(st.one_of(st.floats(0, 1e6), st.integers(0, 10**6)),
 @st.composite
 def profiles(draw: st.DrawFn, exe: st.SearchStrategy[str] | None = None) -> dict[str, Any]:
     base = sample_profile().model_dump(mode="json")
-    argv = [draw(exe if exe is not None else often(st.just(sys.executable))), "-m",
+    argv = [draw(exe if exe is not None else often(st.just(PYTHON))), "-m",
             draw(often(st.just("vllm.entrypoints.openai.api_server")))]
     if draw(st.booleans()):
         argv += ["--model", draw(often(st.just("/data/models/m")))]
@@ -120,28 +120,39 @@ def load(tmp_path: Path, data: dict[str, Any]) -> Profile | None:
         return None
 
 
-def expected_service_keys(p: Profile) -> list[str]:
-    keys = ["Type", "EnvironmentFile", *["Environment"] * len(p.env), "ExecStart",
+def unit_env(p: Profile) -> dict[str, str]:
+    """The unit's environment: the cache folders, unless the profile sets
+    its own, then the profile's."""
+    return {**_cache_env(unit_name(p)), **p.env}
+
+
+def expected_service_keys(p: Profile, user: str | None = None,
+                          allow_tmp: bool = False) -> list[str]:
+    gpu = p.engine.build == "cuda"
+    keys = ["Type", "EnvironmentFile", *["Environment"] * len(unit_env(p)), "ExecStart",
             "TimeoutStartSec", "TimeoutStopSec", "KillMode", "Restart", "RestartSec",
-            "LimitNOFILE", "NoNewPrivileges", "PrivateTmp", "ProtectKernelTunables",
-            "ProtectKernelModules", "ProtectControlGroups", "RestrictSUIDSGID",
-            "LockPersonality"]
-    if p.engine.build == "cuda":
-        keys += ["DevicePolicy", "DeviceAllow"]
+            "LimitNOFILE", "DynamicUser" if user is None else "User", "CacheDirectory",
+            "StateDirectory", *(["SupplementaryGroups"] if gpu and user != "root" else []),
+            "NoNewPrivileges", *([] if allow_tmp else ["PrivateTmp"]),
+            "ProtectKernelTunables", "ProtectKernelModules", "ProtectControlGroups",
+            "RestrictSUIDSGID", "LockPersonality"]
+    if gpu:
+        keys += ["DevicePolicy", *["DeviceAllow"] * 4]
     if (p.placement or {}).get("numa_node") is not None:
         keys += ["CPUAffinity", "NUMAPolicy", "NUMAMask"]
     return keys
 
 
-def check_systemd(p: Profile, text: str) -> None:
+def check_systemd(p: Profile, text: str, user: str | None = None,
+                  allow_tmp: bool = False) -> None:
     unit = rb.parse_unit(text)
     assert unit.sections == ["Unit", "Service", "Install"]
     assert unit.keys("Unit") == ["Description", "After", "Wants"]
     assert unit.keys("Install") == ["WantedBy"]
-    assert unit.keys("Service") == expected_service_keys(p)
+    assert unit.keys("Service") == expected_service_keys(p, user, allow_tmp)
     (exec_start,) = unit.values("Service", "ExecStart")
     assert rb.exec_start_argv(exec_start) == p.argv
-    assert rb.environment(unit.values("Service", "Environment")) == p.env
+    assert rb.environment(unit.values("Service", "Environment")) == unit_env(p)
     rb.specifiers(unit.values("Unit", "Description")[0])
     place = p.placement or {}
     if place.get("numa_node") is not None:
@@ -194,21 +205,25 @@ def check_compose(p: Profile, text: str) -> None:
 def check_kubernetes(p: Profile, text: str) -> None:
     docs = list(yaml.safe_load_all(text))
     assert [(d["apiVersion"], d["kind"]) for d in docs] == [
-        ("apps/v1", "Deployment"), ("v1", "Service")]
-    dep, svc = docs
-    assert set(dep) == set(svc) == {"apiVersion", "kind", "metadata", "spec"}
+        ("apps/v1", "Deployment"), ("v1", "Service"), ("networking.k8s.io/v1", "NetworkPolicy")]
+    dep, svc, policy = docs
+    assert set(dep) == set(svc) == set(policy) == {"apiVersion", "kind", "metadata", "spec"}
     pod = dep["spec"]["template"]["spec"]
-    assert set(pod) == {"containers", "volumes", "terminationGracePeriodSeconds"}
+    assert set(pod) == {"containers", "volumes", "terminationGracePeriodSeconds",
+                        "automountServiceAccountToken", "securityContext"}
     (c,) = pod["containers"]
     keys = {"name", "image", "command", "args", "env", "ports", "volumeMounts",
-            "startupProbe", "readinessProbe", "livenessProbe"}
-    assert set(c) == keys | ({"resources"} if p.engine.build == "cuda" else set())
+            "startupProbe", "readinessProbe", "livenessProbe", "resources", "securityContext"}
+    assert set(c) == keys
     ex = rb.k8s_expand_all
     assert [ex(a) for a in c["command"]] == ["python3", "-m", p.argv[2]]
     _expected_args(p, [ex(a) for a in c["args"]])
     env = {e["name"]: ex(e["value"]) for e in c["env"] if "value" in e}
-    assert env == {k: v for k, v in p.env.items() if k != "PYTHONPATH"}
-    assert [e["name"] for e in c["env"] if "value" not in e] == ["HF_TOKEN"]
+    own = {"HOME": "/home/qtune", "USER": "qtune", "XDG_CACHE_HOME": "/home/qtune/.cache",
+           "HF_HOME": "/home/qtune/.cache/huggingface"}
+    assert env == {**own, **{k: v for k, v in p.env.items() if k != "PYTHONPATH"},
+                   "HF_TOKEN_PATH": "/var/run/secrets/huggingface/token"}
+    assert all("value" in e for e in c["env"])  # no secret reference in an env value
     assert "privileged" not in text and "hostPID" not in text.replace("hostPath", "")
 
 
@@ -220,7 +235,10 @@ def test_any_profile_is_refused_or_read_back_exactly(tmp_path, data):
     p = load(tmp_path, data)
     if p is None:
         return
-    check_systemd(p, emit(p, "systemd"))  # never refused once the profile loaded
+    try:
+        check_systemd(p, emit(p, "systemd"))
+    except InputError as exc:  # a path PrivateTmp= hides, or below /root
+        assert ("/tmp" in exc.message or "/root" in exc.message) and exc.hint
     for fmt, check in (("compose", check_compose), ("kubernetes", check_kubernetes)):
         try:
             text = emit(p, fmt)
@@ -235,7 +253,7 @@ def test_any_profile_is_refused_or_read_back_exactly(tmp_path, data):
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture,
                                  HealthCheck.too_slow])
-@given(data=profiles(exe=st.just(sys.executable)))
+@given(data=profiles(exe=st.just(PYTHON)))
 def test_systemd_analyze_accepts_every_unit_that_is_emitted(tmp_path, data):
     p = load(tmp_path, data)
     if p is None:

@@ -16,6 +16,7 @@ import yaml
 from qtune.emit import emit
 from qtune.engines import ENGINES
 from qtune.engines.base import SpaceContext
+from qtune.errors import InputError
 from qtune.host import probe
 from qtune.host.installed import EngineInstall
 from qtune.model import resolve_model
@@ -23,7 +24,7 @@ from qtune.profile import Profile
 from tests.emit.test_properties import check_systemd
 from tests.engines.conftest import H200X2, replay_nvml
 from tests.fakes.model import make_model
-from tests.fakes.profile import sample_profile
+from tests.fakes.profile import PYTHON, sample_profile
 
 VERSIONS = {"vllm": "0.26.0", "sglang": "0.5.17", "tgi": "3.3.7"}
 
@@ -38,7 +39,7 @@ def engine_profile(name: str, tmp_path: Path) -> Profile:
     program.chmod(0o755)
     host = probe(root=H200X2, nvml=replay_nvml(H200X2), engine_python=sys.executable)
     model = resolve_model(str(make_model(tmp_path / "qwen3-4b")))
-    install = EngineInstall(name, VERSIONS[name], "cuda", sys.executable, str(program))
+    install = EngineInstall(name, VERSIONS[name], "cuda", PYTHON, str(program))
     ctx = SpaceContext(host, model, install)
     params = {p.name: (p.choices[-1] if p.kind == "choice" else p.low)
               for p in engine.space(ctx) if p.kind != "bool"}
@@ -56,8 +57,9 @@ def engine_profile(name: str, tmp_path: Path) -> Profile:
 @pytest.mark.parametrize("name", sorted(ENGINES))
 def test_the_unit_reads_back_and_systemd_accepts_it(name, tmp_path):
     p = engine_profile(name, tmp_path)
-    text = emit(p, "systemd")
-    check_systemd(p, text)
+    # tmp_path is under /tmp, which PrivateTmp= would hide: opted out
+    text = emit(p, "systemd", allow_tmp=True)
+    check_systemd(p, text, allow_tmp=True)
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze not installed (.ci/run installs it)")
     unit = tmp_path / "qtune-test.service"
@@ -133,9 +135,13 @@ def test_the_h200_studies_profiles_emit_files_the_validators_accept(
     systemd checks that ExecStart exists, so this host's Python stands in."""
     real = Profile.load(Path(__file__).parents[2] / "examples" / folder / name)
     assert real.engine.name == engine and real.argv[0] == python
-    p = real.model_copy(update={"argv": [sys.executable, *real.argv[1:]]})
-    unit = emit(p, "systemd")
-    check_systemd(p, unit)
+    p = real.model_copy(update={"argv": [PYTHON, *real.argv[1:]]})
+    # the model under /tmp and the tokenizer under /root, as on the device:
+    # refused as they are, emitted for root with /tmp visible
+    with pytest.raises(InputError, match="/tmp/qrepo/examples/qwen3-4b"):
+        emit(p, "systemd")
+    unit = emit(p, "systemd", user="root", allow_tmp=True)
+    check_systemd(p, unit, user="root", allow_tmp=True)
     assert all(f in unit for f in flags), unit
     for kind, text in (("kubernetes", emit(p, "kubernetes")), ("compose", emit(p, "compose"))):
         assert image in text, kind

@@ -46,5 +46,8 @@ class FakeEngine(Engine):
         return LaunchSpec(tuple(argv), {"PYTHONPATH": str(ROOT)}, host, port,
                           ctx.model.served_name)
 
+    def leaves_out(self, name: str, value: Any) -> bool:
+        return name == "slots"  # only check() reads it: never in the command
+
     def classify(self, log_text: str) -> Failure:
         return classify_by_patterns(log_text, [(r"No available memory", "oom")])

@@ -35,7 +35,8 @@ def test_engine_version_compared_without_local_build_tags():
 def test_emit_warns_for_a_profile_from_a_gpu_host():
     r = subprocess.run([sys.executable, "-m", "qtune", "emit",
                         "examples/h200-qwen3-4b/h200-qwen3-4b.yaml", "--format", "systemd",
-                        "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+                        "--user", "root", "--allow-tmp", "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     warnings = json.loads(r.stdout)["warnings"]
     gpu_here = subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0 \
