@@ -122,7 +122,10 @@ def _type_error(name: str, value: Any, info: Mapping[str, Any], engine: str) -> 
     if kind == "choice" and choices and str(value) not in {str(c) for c in choices}:
         shown = ", ".join(str(c) for c in list(choices)[:12])
         return f"is {_show(value)!r}, not one of {engine}'s choices ({shown})"
-    if kind == "str" and not isinstance(value, (str, Mapping)):
+    # "str": the engine parses the text itself (vLLM's --max-model-len takes
+    # 2048 as well as 2k): a number is text on a command line, a switch is not.
+    if kind == "str" and (isinstance(value, bool)
+                          or not isinstance(value, (str, int, float, Mapping))):
         return f"is {_show(value)!r}, and {engine} takes text for {info.get('flag')}"
     return None
 

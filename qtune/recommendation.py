@@ -21,10 +21,6 @@ from qtune.quality import Quality
 from qtune.search.records import StudyAttr, TrialRecord, maximizes, ran_trials
 from qtune.search.result import baseline_for, gain_interval, objective_pair, winner
 
-# The flags a launch always has (where and what it serves), not the tuned ones.
-_PLUMBING = {"--model", "--served-model-name", "--tokenizer", "--host", "--port",
-             "--load-format", "--model-path", "--tokenizer-path"}
-
 
 @dataclasses.dataclass(frozen=True)
 class Figure:
@@ -119,7 +115,9 @@ def launch_flags(rec: TrialRecord) -> list[str]:
     while i < len(argv):
         tok = argv[i]
         flag = tok.split("=", 1)[0]
-        if flag.startswith("--") and flag in wanted and flag not in _PLUMBING:
+        # Only the trial's params: the flags every launch has (where and what
+        # it serves) are the adapter's, and never params.
+        if flag.startswith("--") and flag in wanted:
             has_value = "=" not in tok and i + 1 < len(argv) \
                 and not argv[i + 1].startswith("--")
             out.append(f"{tok} {shlex.quote(argv[i + 1])}" if has_value else tok)

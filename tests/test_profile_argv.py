@@ -93,7 +93,9 @@ def test_a_value_of_the_wrong_type_is_refused_by_the_engines_own_types(
         check_sources(prof, "p.yaml", ARGS)
 
 
-def test_without_the_engines_types_a_word_for_a_number_still_differs(tmp_path):
+def test_without_the_engines_types_a_word_for_a_number_still_differs(tmp_path, monkeypatch):
+    # no cached copy of the engine's arguments (another test may have read them)
+    monkeypatch.setenv("QTUNE_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(ProfileError, match="params.max_num_seqs is fast but argv has "
                                            "--max-num-seqs 6"):
         Profile.load(_edited(tmp_path, CPU, _set("params.max_num_seqs", "fast")))
@@ -143,3 +145,18 @@ def test_emit_refuses_a_drifted_profile_and_writes_nothing(tmp_path):
     assert r.returncode != 0 and not out.exists()
     assert "params.max_num_seqs is 64 but argv has --max-num-seqs 231" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_number_for_an_argument_the_engine_parses_as_text_is_accepted(tmp_path):
+    """vLLM 0.32 reads --max-model-len with a parser of its own (2048 or 2k):
+    a number there is what a profile carries, not a wrong type."""
+    def change(d: dict[str, Any]) -> None:
+        d["params"]["max_model_len"] = 2048
+        d["argv"] = [*d["argv"], "--max-model-len", "2048"]
+    prof = Profile.model_validate(yaml.safe_load(_edited(tmp_path, CPU, change).read_text()))
+    check_sources(prof, "p.yaml", ARGS)
+    change_bool = _set("params.max_model_len", True)
+    prof = Profile.model_validate(yaml.safe_load(_edited(tmp_path, CPU, change_bool)
+                                                 .read_text()))
+    with pytest.raises(ProfileError, match="takes text"):
+        check_sources(prof, "p.yaml", ARGS)
