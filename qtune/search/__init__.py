@@ -25,6 +25,7 @@ stores: statuses, attribute keys, the writer and readers) and ``reporter``
 
 from __future__ import annotations
 
+from qtune.search.confirm import confirm_top
 from qtune.search.inputs import Prepared, prepare
 from qtune.search.records import TrialRecord, TrialStatus, ran_trials
 from qtune.search.reporter import NullReporter, Reporter
@@ -37,7 +38,7 @@ from qtune.search.result import (
     trials_frame,
     winner,
 )
-from qtune.search.runner import confirm_top, run_study, tune
+from qtune.search.runner import run_study, tune
 from qtune.search.space import distributions, grid_values, make_sampler
 from qtune.search.storage import check_journal, check_storage_url, open_storage
 

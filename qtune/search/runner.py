@@ -18,21 +18,20 @@ from qtune.engines.base import LoadView
 from qtune.errors import StudyError, mask_url
 from qtune.search import fleet, optuna_api
 from qtune.search.budget import (
-    ConfirmationPlan,
     costs,
     over_budget,
-    plan_confirmation,
     search_deadline,
 )
-from qtune.search.choice import design_point, qualified, suggest
+from qtune.search.choice import qualified, suggest
 from qtune.search.config import TuneConfig
+from qtune.search.confirm import confirmation, confirmation_plan
+from qtune.search.design import pending_seeds, start_design
 from qtune.search.inputs import Prepared, prepare
 from qtune.search.records import (
     LAUNCHED,
     Attr,
     StudyAttr,
     TrialRecord,
-    TrialStatus,
     ran_trials,
 )
 from qtune.search.reporter import NullReporter, Reporter
@@ -40,15 +39,12 @@ from qtune.search.result import TuneResult, best_trial, finish
 from qtune.search.space import (
     describe,
     distributions,
-    initial_design,
     make_sampler,
-    startup_trials,
     tidy,
 )
 from qtune.search.speculative import speculative_phase
 from qtune.search.storage import open_storage
-from qtune.search.trial import estimate_memory, refuse, remeasure, run_trial
-from qtune.stats import bootstrap_median
+from qtune.search.trial import estimate_memory, refuse, run_trial
 
 
 def tune(cfg: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
@@ -109,7 +105,7 @@ def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         if not stop_reason and launched_count(study) < cfg.trials:
             # Queued only when the loop will take them: a queued point left over
             # would come out of a later ask() in place of what was queued then.
-            _start_design(prep, study, reporter)
+            start_design(prep, study, reporter)
         if is_fleet:
             study.set_user_attr(fleet.FleetAttr.READY, fleet.worker_id())
     elif not cfg.finish:
@@ -125,7 +121,7 @@ def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         res = _worker_result(prep, study)
         res.stop_reason = stop_reason
         return res
-    _confirmation(prep, study, reporter, started)
+    confirmation(prep, study, reporter)
     _speculative(prep, study, reporter, started)
     res = finish(prep, study)
     res.stop_reason = stop_reason
@@ -314,20 +310,13 @@ def _has_baseline(prep: Prepared, study: optuna.Study, engine: str | None = None
 def _over_budget(prep: Prepared, study: optuna.Study, started: float) -> str | None:
     """Start a trial only if a typical one, and the confirmation planned
     after the search, still fit in the budget (``qtune.search.budget``)."""
-    return over_budget(prep.cfg, study, started, _confirmation_plan(prep, study))
+    return over_budget(prep.cfg, study, started, confirmation_plan(prep, study))
 
 
 def _deadline(prep: Prepared, study: optuna.Study, started: float) -> float | None:
     """When a trial's capacity search must end so that the confirmation
     still fits (``qtune.search.budget.search_deadline``)."""
-    return search_deadline(prep.cfg, started, _confirmation_plan(prep, study))
-
-
-def _confirmation_plan(prep: Prepared, study: optuna.Study) -> ConfirmationPlan:
-    feasible = sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                   if TrialRecord.from_frozen(t).feasible
-                   and t.user_attrs.get(Attr.STATUS) == TrialStatus.OK)
-    return plan_confirmation(prep.cfg, study, prep.direction, feasible)
+    return search_deadline(prep.cfg, started, confirmation_plan(prep, study))
 
 
 def _run_seeds(prep: Prepared, study: optuna.Study, reporter: Reporter,
@@ -336,7 +325,7 @@ def _run_seeds(prep: Prepared, study: optuna.Study, reporter: Reporter,
     cfg = prep.cfg
     stop_reason = None
     pending = [(sub, point, why) for sub in _each_engine(prep)
-               for point, why in _pending_seeds(sub, study, _engine_attr(prep, sub))]
+               for point, why in pending_seeds(sub, study, _engine_attr(prep, sub))]
     for sub, point, why in pending:
         if launched_count(study) >= cfg.trials or (
                 stop_reason := _over_budget(prep, study, started)):
@@ -448,25 +437,6 @@ def _give_back(study: optuna.Study, trial: optuna.Trial) -> None:
         study.enqueue_trial(dict(frozen.params), user_attrs=keep)
 
 
-def _confirmation(prep: Prepared, study: optuna.Study, reporter: Reporter,
-                  started: float) -> None:
-    """Re-measure the top configs (``confirm_top``) as planned from the
-    first trial on (``qtune.search.budget``): the search stopped early
-    enough for it, so it is never skipped for time; a Pareto front is not
-    confirmed."""
-    cfg = prep.cfg
-    if prep.direction == "pareto" and cfg.confirm_top > 0 and cfg.pick is None:
-        reporter.note("no top-K confirmation for a Pareto front: re-measure the point "
-                      "you pick with qtune verify")
-        return
-    plan = _confirmation_plan(prep, study)
-    if plan.top <= 0:
-        return
-    if plan.why:
-        reporter.note(f"confirmation {plan.why}")
-    confirm_top(prep, study, reporter, plan.top, plan.repeats)
-
-
 def _speculative(prep: Prepared, study: optuna.Study, reporter: Reporter,
                  started: float) -> None:
     """The speculative-decoding phase on the chosen base config
@@ -573,242 +543,6 @@ def _shape_one(prep: Prepared, study: optuna.Study,
         notes = [prep.lossless_why, *notes]
     params = [p for p in prep.params if p.name in prep.user_set] + kept
     return dataclasses.replace(prep, params=params, fixed={**fixed, **prep.fixed}), notes
-
-
-def _pending_seeds(prep: Prepared, study: optuna.Study,
-                   engine: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
-    """The engine's informed first points (``seeds``) not yet run in this
-    study, that are in the tuned space, valid and predicted to fit.
-    ``engine``: the attribute of its trials in a study across engines."""
-    if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        return []  # resumed with queued design points: those go first
-    ran = [t.user_attrs.get(Attr.SEED_POINT) for t in study.get_trials(deepcopy=False)
-           if t.user_attrs.get(Attr.ENGINE) == engine.get(Attr.ENGINE)]
-    tuned = {p.name for p in prep.params}
-    out = []
-    for point, why in prep.engine.seeds(prep.params, prep.ctx, prep.fixed):
-        if point in ran or not set(point) <= tuned:
-            continue
-        full = {**point, **prep.fixed}
-        est = estimate_memory(prep, full)
-        if prep.engine.check(full, prep.ctx) or (
-                est is not None and not est.fits and prep.cfg.memory_check):
-            continue
-        out.append((point, why))
-    return out
-
-
-def _start_design(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None:
-    """Model-based samplers start from a Latin hypercube instead of random
-    points (see ``initial_design``); queued once, on a study's first run.
-    When an engine seed beat the engine defaults, the design keeps the
-    seed's values and spreads its few points over the other parameters."""
-    cfg = prep.cfg
-    if prep.engines:
-        _start_design_engines(prep, study)
-        return
-    if cfg.sampler not in ("tpe", "gp") or not prep.params:
-        return
-    if _design_queued(study):
-        return  # resumed: the design was queued (and probably run) before
-    n = startup_trials(cfg.trials)
-    anchor, why = _seed_anchor(prep, study)
-    free = [p for p in prep.params if p.name not in anchor]
-    if not free:
-        return  # every tuned parameter is the seed's: the design would repeat it
-
-    def valid(point: dict[str, Any]) -> bool:
-        return _launchable(prep, {**tidy({**point, **anchor}, prep.params), **prep.fixed})
-
-    if anchor:
-        what = ", ".join(f"{k}={v}" for k, v in anchor.items())
-        reporter.note(f"the start design keeps the seed's {what} ({why}) and spreads "
-                      "over the other parameters")
-    for point in initial_design(free, n, cfg.seed, valid):
-        attrs: dict[str, Any] = {Attr.DESIGN: "latin-hypercube"}
-        if anchor:
-            attrs[Attr.AROUND_SEED] = anchor
-        study.enqueue_trial({**point, **anchor}, user_attrs=attrs)
-
-
-def _launchable(prep: Prepared, full: dict[str, Any]) -> bool:
-    """A start-design point the engine accepts and (with the memory check)
-    predicts to fit: the design spends no launch on one that cannot run."""
-    if prep.engine.check(full, prep.ctx):
-        return False
-    est = estimate_memory(prep, full)
-    return est is None or est.fits or not prep.cfg.memory_check
-
-
-def _design_queued(study: optuna.Study) -> bool:
-    """Whether the study has trials other than the baselines and seeds: a
-    resumed study, whose start design was queued (and probably run) before."""
-    return any(not (t.user_attrs.get(Attr.BASELINE) or t.user_attrs.get(Attr.SEED))
-               for t in study.get_trials(deepcopy=False))
-
-
-def _start_design_engines(prep: Prepared, study: optuna.Study) -> None:
-    """``--engine a,b``: each engine's share of the start design, a Latin
-    hypercube over its own space, the engines' points taken in turn (a
-    short budget still starts each engine's sub-space).  No seed anchors
-    it: a seed's gain over its own engine's defaults says nothing of the
-    other engine's space."""
-    cfg = prep.cfg
-    subs = [s for s in prep.engines.values() if s.params]
-    if cfg.sampler != "tpe" or not subs:
-        return
-    if _design_queued(study):
-        return  # resumed: the design was queued (and probably run) before
-    share = -(-startup_trials(cfg.trials) // len(subs))
-    designs = []
-    for sub in subs:
-        def valid(point: dict[str, Any], sub: Prepared = sub) -> bool:
-            return _launchable(sub, {**tidy(point, sub.params), **sub.fixed})
-
-        designs.append((sub.engine.name, initial_design(sub.params, share, cfg.seed, valid)))
-    for i in range(max(len(points) for _, points in designs)):
-        for name, points in designs:
-            if i < len(points):
-                study.enqueue_trial(design_point(name, points[i]), user_attrs={
-                    Attr.DESIGN: "latin-hypercube", Attr.ENGINE: name})
-
-
-# How much better than the engine defaults a seed must measure to anchor the
-# start design: one run each, and a run varies by several percent (CPU VM:
-# ~7%, benchmarks/noise_sources.py); the case it is for measured 4.7x.
-_ANCHOR_MARGIN = 1.10
-
-
-def _seed_anchor(prep: Prepared, study: optuna.Study) -> tuple[dict[str, Any], str]:
-    """The point of the best engine seed that met the SLO and clearly beat
-    the engine defaults (or the defaults did not run or missed the SLO), with
-    why; else ({}, "").  A seed is the engine's informed guess; once measured
-    better than the defaults (on 2xH200, one replica per GPU: p99 3.3 s
-    against 15.8 s), a design of two or three points spent re-testing its
-    parameter is spent where the answer is known, while the parameters it
-    left at their defaults are untried.  The sampler stays free over the
-    whole space after the design."""
-    if prep.direction == "pareto":
-        return {}, ""
-    recs = [(TrialRecord.from_frozen(t), t.user_attrs)
-            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-    base = next((r for r, _ in recs if r.baseline), None)
-    sign = -1 if prep.direction == "maximize" else 1
-    seeds = sorted(((r, a[Attr.SEED_POINT]) for r, a in recs
-                    if a.get(Attr.SEED_POINT) and r.feasible and r.value is not None),
-                   key=lambda ra: sign * ra[0].value)  # type: ignore[operator]
-    if not seeds:
-        return {}, ""
-    best, point = seeds[0]
-    if base is None or base.value is None:
-        why = "the engine defaults did not run"
-    elif not base.feasible:
-        why = "the engine defaults missed the SLO"
-    else:
-        s, b = float(best.value), float(base.value)  # type: ignore[arg-type]
-        gain = (b / s if sign > 0 else s / b) if min(s, b) > 0 else 0.0
-        if gain < _ANCHOR_MARGIN:
-            return {}, ""
-        why = f"{gain:.1f}x better than the engine defaults"
-    tuned = {p.name for p in prep.params}
-    return {k: v for k, v in point.items() if k in tuned}, why
-
-
-def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
-                k: int | None = None, repeats: int | None = None) -> None:
-    """Re-measure the top K feasible configs with fresh starts, interleaved
-    (ABC, BCA, CAB, ...), and keep the medians and bootstrap intervals in the
-    study: one lucky measurement must not pick the winner.  The engine
-    defaults are re-measured with them, so the improvement the profile claims
-    compares medians taken in the same rounds, and the defaults win when
-    nothing beats them again.  The medians are of the fresh runs only (the
-    search's run is kept in ``values``, not counted)."""
-    cfg = prep.cfg
-    k = cfg.confirm_top if k is None else k
-    repeats = cfg.confirm_repeats if repeats is None else repeats
-    recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
-    # (a speculative candidate is compared with its base in its own phase)
-    feas = [r for r in recs if r.feasible and r.value is not None
-            and r.status == TrialStatus.OK and r.spec_of is None]
-    sign = -1 if prep.direction == "maximize" else 1
-    top = sorted(feas, key=lambda r: sign * r.value)[:k]  # type: ignore[operator]
-    # (On a CPU study a 2-run winner at 1.7x re-measured at 0.77x in verify:
-    # a config can be lucky twice; the defaults' own spread is the yardstick.)
-    if prep.engines:
-        # Across engines: the defaults of each engine in the top K, each
-        # winner is compared with its own engine's defaults.
-        engines = {r.engine for r in top}
-        top += [r for r in feas if r.baseline and r.engine in engines
-                and r.number not in {t.number for t in top}]
-    else:
-        top += [r for r in feas if r.baseline and r.number not in {t.number for t in top}][:1]
-    if len(top) < 2:
-        return  # nothing to choose between
-    previous = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
-    verdicts: dict[int, list[str]] = {r.number: [] for r in top}
-
-    def seen(r: TrialRecord, summary: dict[str, Any]) -> None:
-        cap = summary.get("capacity") or {}
-        if cap:  # a capacity run: held or not, and why
-            verdicts[r.number].append(cap.get("decided") or cap.get("reason") or "")
-
-    challenge = _challenges(prep, top)
-    values, failures = remeasure(prep, top, repeats, reporter, phase="confirming",
-                                 log_name="confirm", seed_offset=1, on_run=seen,
-                                 at=challenge)
-    result = {}
-    by_number = {r.number: r for r in top}
-    for n, vals in values.items():
-        first = study.trials[n].value
-        assert first is not None  # top holds only trials with a value
-        fresh = [float(v) for v in vals]
-        med, lo, hi = bootstrap_median(judged_runs(float(first), fresh))
-        result[str(n)] = {"values": [first, *vals], "fresh": fresh, "median": med,
-                          "failures": failures[n],
-                          "ci95": [lo, hi] if lo is not None else None}
-        cap = (by_number[n].summary or {}).get("capacity") or {}
-        if cap.get("bracket"):
-            # A capacity is confirmed by holding it again on fresh starts; its
-            # interval is the bracket it was found in: [held, failed).
-            result[str(n)]["bracket"] = cap["bracket"]
-            result[str(n)]["runs"] = verdicts[n]
-            result[str(n)]["load"] = challenge.get(n, first)
-    study.set_user_attr(StudyAttr.CONFIRMATION, {**previous, **result})
-
-
-def _challenges(prep: Prepared, top: list[TrialRecord]) -> dict[int, float]:
-    """--objective capacity: the load each engine defaults' confirmation runs
-    at, when a config of theirs found more: the best such capacity.  The
-    claim is that the winner holds a load the defaults cannot; on fresh
-    starts, interleaved, the defaults are asked to hold it.  If they do, the
-    gain is not there (the defaults then win the tie); if they do not, it is
-    (on the CPU smoke study the defaults' capacity read 2.5 req/s while a
-    busy core slowed them, and held it again, which said nothing of the
-    2x gain claimed)."""
-    if prep.cfg.objective != "capacity":
-        return {}
-    out = {}
-    for r in top:
-        if not r.baseline or r.value is None:
-            continue
-        rivals = [t.value for t in top if not t.baseline and t.engine == r.engine
-                  and t.value is not None]
-        if rivals and max(rivals) > r.value:
-            out[r.number] = float(max(rivals))
-    return out
-
-
-def judged_runs(first: float, fresh: list[float]) -> list[float]:
-    """The runs a confirmed config's median is taken over: its fresh runs.
-    The first run is the one that put the config in the top K, and the best
-    of many noisy runs is a lucky one: counted, it made a search hand back
-    the true best less often the more it launched (on the replay table of
-    benchmarks/results/replay-table-20261202: within 5% of the best for 94%
-    of seeds at 10 launches, 52% at 20; fresh runs alone: 98%, 82%) and
-    state gains that were not there.  The fresh runs, taken in the same
-    interleaved rounds for every config and the defaults, are not selected.
-    The first run counts only when no fresh run finished."""
-    return fresh or [first]
 
 
 def _check_resume(study: optuna.Study, prep: Prepared) -> None:

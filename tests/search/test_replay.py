@@ -162,7 +162,7 @@ def test_the_default_search_is_no_worse_than_random_at_equal_launches(tiny):
 # The default search as a user runs it (TPE and the top-3 confirmation,
 # its launches counted) at 20 launches, over SEEDS, on this table: its
 # pick's mean true gap to the best and the mean error of the improvement it
-# states.  Judged on the fresh confirmation runs (runner.judged_runs): 1.1%
+# states.  Judged on the fresh confirmation runs (confirm.judged_runs): 1.1%
 # and 2.5%; with the run that selected each config counted in its median,
 # as before: 3.5% and 7.9% (benchmarks/results/replay-table-20261202/README.md).
 CONFIRMED_BUDGET = 20
@@ -186,9 +186,9 @@ def test_a_lucky_run_does_not_pick_the_winner_or_its_figure(tiny):
 def test_the_lucky_run_criterion_can_fail(tiny, monkeypatch):
     # Judged with the run that put each config in the top 3 counted (the
     # winner's curse), the same searches fail it.
-    import qtune.search.runner as runner
+    import qtune.search.confirm as confirm
 
-    monkeypatch.setattr(runner, "judged_runs", lambda first, fresh: [first, *fresh])
+    monkeypatch.setattr(confirm, "judged_runs", lambda first, fresh: [first, *fresh])
     outs = confirmed_outcomes(tiny)
     gap = statistics.fmean(o.gap for o in outs)
     err = statistics.fmean(o.claim_error for o in outs if o.claim_error is not None)

@@ -423,7 +423,7 @@ def test_the_anchor_needs_a_clear_margin_over_the_defaults():
 
     import optuna
 
-    from qtune.search.runner import _seed_anchor
+    from qtune.search.design import _seed_anchor
 
     def study(base: float | None, seed: float, direction: str = "minimize"):
         s = optuna.create_study(direction=direction)
