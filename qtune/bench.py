@@ -229,7 +229,7 @@ def measure(
         names = cfg.metric_names
         why = ("the engine reports no prefix-cache counters"
                if names is None or names.prefix_cache_hits is None
-               else "the server's prefix-cache counters were not read")
+               else "no prefix-cache hit rate was read from the server")
         s["cache_unchecked"] = (f"{why} and its cache was not emptied: fresh prompts, "
                                 "but no hit rate shows the phase measured no cached prefill")
     return s
