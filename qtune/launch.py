@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 # What a request carries so that the server generates exactly ``max_tokens``
@@ -15,7 +16,7 @@ from typing import Any
 # weights happen to generate): the OpenAI servers' extension that vLLM and
 # SGLang accept.  An engine that refuses it names its own (``Engine.
 # request_fields``).
-IGNORE_EOS: Mapping[str, Any] = {"ignore_eos": True}
+IGNORE_EOS: Mapping[str, Any] = MappingProxyType({"ignore_eos": True})
 
 
 @dataclass(frozen=True)
