@@ -34,11 +34,19 @@ def ctx(cpu_host, tmp_path):
 def test_the_space_is_the_installed_cli_s(ctx):
     e = get_engine("transformers")
     params = e.space(ctx)
-    assert {p.name for p in params} <= set(ARGS["args"])
+    assert {p.name for p in params if p.target == "flag"} <= set(ARGS["args"])
     names = {p.name for p in params if not p.opt_in}
     # CPU: the cache in blocks, never as a fraction of the host's RAM
     assert {"cb_num_blocks", "cb_max_batch_tokens", "attn_implementation"} <= names
     assert not {"cb_max_memory_percent", "cb_use_cuda_graph"} & names
+    # torch's threads, seeded at half the cores (they spin while waiting)
+    (threads,) = [p for p in params if p.name == "OMP_NUM_THREADS"]
+    assert threads.target == "env" and threads.low == 1 and threads.high >= 2
+    ((seed, why),) = e.seeds(params, ctx, {})
+    assert seed == {"OMP_NUM_THREADS": int(threads.high) // 2} and "thread" in why
+    spec = e.launch_spec(seed, ctx, host="h", port=1)
+    assert spec.env["OMP_NUM_THREADS"] == str(seed["OMP_NUM_THREADS"])
+    assert "OMP_NUM_THREADS" not in " ".join(spec.argv)
     # a release without an option drops it from the space
     older = {k: v for k, v in ARGS["args"].items() if k != "cb_max_batch_tokens"}
     assert "cb_max_batch_tokens" not in {
