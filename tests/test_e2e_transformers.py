@@ -75,4 +75,5 @@ def test_a_tiny_study_on_transformers_serve(tmp_path: Path) -> None:
     while servers() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert servers() == []
-    print(f"study {wall:.0f} s, trials {[t['status'] for t in launched]}")
+    print(f"study {wall:.0f} s, trials",
+          [(t["status"], t.get("value"), t.get("params")) for t in launched])
