@@ -224,8 +224,8 @@ class Transformers(Engine):
         m = ctx.model
         argv = [ctx.install.python or "python3", "-m", _CLI_MODULE, "serve", str(m.path),
                 "--continuous-batching"]
-        if not ctx.host.gpus:
-            argv += ["--device", "cpu"]
+        # one device ("auto" would spread the model over every GPU it sees)
+        argv += ["--device", "cuda" if ctx.host.gpus else "cpu"]
         argv += ["--host", host, "--port", str(port)]
         env = {"HF_HUB_OFFLINE": "1"}
         if ctx.install.pythonpath:
