@@ -18,14 +18,14 @@ import dataclasses
 import math
 import os
 import urllib.error
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qtune.engines import any_engine_cache_reset_paths, any_engine_metric_names
 from qtune.errors import InputError, UnreachableError, mask_url, printable
-from qtune.launch import MetricNames
+from qtune.launch import IGNORE_EOS, MetricNames
 from qtune.load import run_load
 from qtune.load.http import request_json
 from qtune.load.workload import ServerTokenizer, Workload
@@ -68,6 +68,8 @@ class BenchConfig:
     # the registered engines offer.
     metric_names: MetricNames | None = field(default_factory=any_engine_metric_names)
     reset_paths: tuple[str, ...] = field(default_factory=any_engine_cache_reset_paths)
+    # What every request carries for a fixed output length (the engine's).
+    request_fields: Mapping[str, Any] = field(default_factory=lambda: dict(IGNORE_EOS))
 
 
 Progress = Callable[[str], None]
@@ -207,7 +209,8 @@ def measure(
                                scrape_metrics=cfg.scrape_metrics, watch=watch,
                                gauge_interval=cfg.gauge_interval,
                                reset_cache=fresh and cfg.reset_cache,
-                               metric_names=cfg.metric_names, reset_paths=cfg.reset_paths))
+                               metric_names=cfg.metric_names, reset_paths=cfg.reset_paths,
+                               request_fields=cfg.request_fields))
     s = summarize(res.samples, res.duration)
     s["warmup_requests"] = len(res.warmup)
     s["warmup_s"] = res.warmup_s
@@ -226,12 +229,22 @@ def measure(
         # backlog of an 800-request run)
         if (behind := falls_behind(s, wl.rate)) is not None:
             s["overloaded"] = behind
+    hit = None
     if res.server is not None:
         s["server"] = res.server
         hit = res.server.get("prefix_cache_hit_rate")
         if fresh and hit is not None and hit > CONTAMINATED_HIT_RATE:
             s["contaminated"] = (f"prefix-cache hit rate {hit:.0%} on prompts the server "
                                  "had not been sent: the phase measured cached prefills")
+    if fresh and hit is None and not res.cache_reset:
+        # Said, not assumed: the prompts are fresh, but nothing shows that
+        # the phase did not reuse what an earlier one left in the cache.
+        names = cfg.metric_names
+        why = ("the engine reports no prefix-cache counters"
+               if names is None or names.prefix_cache_hits is None
+               else "no prefix-cache hit rate was read from the server")
+        s["cache_unchecked"] = (f"{why} and its cache was not emptied: fresh prompts, "
+                                "but no hit rate shows the phase measured no cached prefill")
     return s
 
 

@@ -206,6 +206,8 @@ def check(profile: Profile, url: str, *, requests: int | None = None, repeat: in
         at = f"{cap:g} {'streams' if wl.concurrency is not None else 'req/s'}"
     tok, warning = prompt_tokenizer(url, served, [root, profile.model.get("path")])
     cfg = BenchConfig(urls=[url], workload=wl, model=served, tokenizer=tok, slo=slos,
+                      metric_names=engine.metric_names(),
+                      request_fields=engine.request_fields(),
                       reset_cache=False)  # not qtune's server: fresh prompts instead
     runs = []
     for i in range(repeat):

@@ -573,6 +573,9 @@ def bench(
         help="Served model name (default: the first in /v1/models).")] = None,
     tokenizer: Annotated[Path | None, typer.Option(
         help="Folder with tokenizer.json for exact prompt lengths.")] = None,
+    engine: Annotated[str | None, typer.Option(
+        help="The engine behind --url: its metric names, prefix-cache reset and "
+        "fixed-length request fields (default: those vLLM and SGLang take).")] = None,
     load: LoadOptions = _NOT_GIVEN,  # the workload options: with_load_options
     slo: SloOpt = None,
     repeat: Annotated[int, typer.Option(min=1, help="Measurements (interleaved "
@@ -648,6 +651,13 @@ def bench(
                       capacity_tolerance=capacity_tolerance,
                       gauge_interval=default_gauge_interval() if gauge_interval is None
                       else gauge_interval or None, reset_cache=reset_prefix_cache)
+    if engine is not None:
+        from qtune.engines import get_engine
+
+        eng = get_engine(engine)
+        cfg = dataclasses.replace(cfg, metric_names=eng.metric_names(),
+                                  reset_paths=eng.cache_reset_paths(),
+                                  request_fields=eng.request_fields())
     with console.Status() as status:
         if find_capacity:
             from qtune.capacity import run_capacity

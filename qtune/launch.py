@@ -8,6 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+# What a request carries so that the server generates exactly ``max_tokens``
+# tokens whatever the model would say (the load must not depend on what the
+# weights happen to generate): the OpenAI servers' extension that vLLM and
+# SGLang accept.  An engine that refuses it names its own (``Engine.
+# request_fields``).
+IGNORE_EOS: Mapping[str, Any] = MappingProxyType({"ignore_eos": True})
 
 
 @dataclass(frozen=True)
@@ -20,7 +29,9 @@ class LaunchSpec:
     port: int
     served_model: str
     health_path: str = "/health"
-    models_path: str = "/v1/models"
+    # Ready once this lists ``served_model``; None: a server whose listing
+    # does not name the model it serves, ready once ``health_path`` answers.
+    models_path: str | None = "/v1/models"
     # Log lines after which the server will never become ready even though
     # its process may linger (vLLM's API server can hang after its engine
     # core died): the runner stops waiting as soon as one appears.

@@ -38,7 +38,8 @@ _RUN_KEYS = ("completed", "failed", "truncated", "duration_s", "request_throughp
              "output_tokens", "errors", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 # What qtune.bench.measure adds after the load's checks (optional ones last).
 _AFTER_CHECKS = ("cache_reset", "held_peak")
-_OPTIONAL = ("goodput", "keeps_up", "overloaded", "server", "contaminated", "capacity")
+_OPTIONAL = ("goodput", "keeps_up", "overloaded", "server", "contaminated",
+             "cache_unchecked", "capacity")
 
 
 @dataclass
@@ -74,6 +75,8 @@ class Measurement:
     overloaded: str | None = None  # how the server fell behind that rate
     server: dict[str, Any] | None = None  # the server's /metrics view
     contaminated: str | None = None  # why the phase measured cached prefills
+    # why nothing shows that the phase did not (no hit rate, no reset)
+    cache_unchecked: str | None = None
     capacity: dict[str, Any] | None = None  # --objective capacity's search
     # When and how long: beside the summary, not part of it.
     started: str | None = None  # ISO time of the measured phase's start

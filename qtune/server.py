@@ -226,6 +226,8 @@ class Server:
         status, _ = self._get(self.spec.health_path)
         if status != 200:
             return False
+        if self.spec.models_path is None:
+            return True
         status, body = self._get(self.spec.models_path)
         if status != 200:
             return False

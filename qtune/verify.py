@@ -134,7 +134,8 @@ def measure_sides(
         cfg = BenchConfig(urls=[spec.base_url], workload=w, model=served,
                           tokenizer=ctx.model.tokenizer_dir, slo=slo or [],
                           metric_names=engine.metric_names(),
-                          reset_paths=engine.cache_reset_paths())
+                          reset_paths=engine.cache_reset_paths(),
+                          request_fields=engine.request_fields())
 
         def tick(text: str, side: Side = side, r: int = r) -> None:
             if progress:

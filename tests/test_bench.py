@@ -4,6 +4,7 @@ latency explodes past 1/SERVICE req/s and capacity under an SLO is known."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -268,3 +269,19 @@ def test_bench_duration_alone_runs_past_the_old_default_count(server):
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["completed"] > 100 and d["duration_s"] >= 1.4
+
+
+def test_a_run_says_when_nothing_checked_its_prompts_hit_no_cache(server):
+    """Fresh prompts are the rule; the hit rate is how a run shows it kept
+    it.  An engine without prefix-cache counters (``transformers serve``),
+    or a server that did not report them, gets the run's word for it."""
+    wl = Workload(input_len=8, output_len=4, concurrency=2, requests=4, warmup_requests=0)
+    res = run_bench(BenchConfig(urls=[server], workload=wl, metric_names=None))
+    assert res["cache_unchecked"].startswith("the engine reports no prefix-cache counters")
+    # the stand-in serves vLLM's names but no prefix-cache counter
+    res = run_bench(BenchConfig(urls=[server], workload=wl))
+    assert res["cache_unchecked"].startswith("no prefix-cache hit rate was read")
+    # a shared-prefix workload is not a fresh-prompt one: nothing to say
+    res = run_bench(BenchConfig(urls=[server], workload=dataclasses.replace(
+        wl, prefix_count=2, prefix_len=4), metric_names=None))
+    assert "cache_unchecked" not in res

@@ -11,12 +11,14 @@ from typing import Any
 from qtune.engines.base import Engine, LaunchSpec, MetricNames, SpaceContext
 from qtune.engines.sglang import SGLang
 from qtune.engines.tgi import TGI
+from qtune.engines.transformers import Transformers
 from qtune.engines.vllm import VLLM
 from qtune.errors import InputError
 from qtune.host.installed import EngineInstall
 from qtune.model import cache_dir
 
-ENGINES: dict[str, Engine] = {"vllm": VLLM(), "sglang": SGLang(), "tgi": TGI()}
+ENGINES: dict[str, Engine] = {"vllm": VLLM(), "sglang": SGLang(), "tgi": TGI(),
+                              "transformers": Transformers()}
 DEFAULT_ENGINE = "vllm"
 
 

@@ -28,13 +28,13 @@ from typing import Any
 from qtune.estimate import Estimate
 from qtune.host import HostFacts
 from qtune.host.installed import EngineInstall
-from qtune.launch import LaunchSpec, MetricNames, RunningConfig, StartPhases
+from qtune.launch import IGNORE_EOS, LaunchSpec, MetricNames, RunningConfig, StartPhases
 from qtune.model import ModelInfo, cache_dir
 
 __all__ = [
     "CacheVolume", "CommandWords", "Engine", "Failure", "FixedArgs", "LaunchSpec", "LoadView",
     "MetricNames", "Param", "RunningConfig", "int_flag", "SpaceContext", "StartPhases",
-    "cached_engine_json", "classify_by_patterns",
+    "cached_engine_json", "classify_by_patterns", "engine_json", "to_flag",
 ]
 
 
@@ -256,6 +256,13 @@ class Engine(abc.ABC):
         Default: None, the server view is not read."""
         return None
 
+    def request_fields(self) -> dict[str, Any]:
+        """Fields every load request carries so that the server generates
+        exactly ``max_tokens`` tokens, end-of-sequence or not.  Default:
+        ``{"ignore_eos": true}``, which vLLM's and SGLang's OpenAI servers
+        take."""
+        return dict(IGNORE_EOS)
+
     def cache_reset_paths(self) -> tuple[str, ...]:
         """Paths that empty the server's prefix cache on a POST, tried in
         order, before a measured phase.  Default: () (not offered)."""
@@ -387,6 +394,24 @@ def cached_engine_json(cache_name: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def to_flag(name: str, value: Any, info: Mapping[str, Any] | None = None) -> list[str]:
+    """The words that set ``name`` to ``value`` on an engine's command line;
+    ``info`` is the installed engine's description of the flag
+    (``Engine.read_args``), if known: its ``flag``, its ``kind`` and, for a
+    boolean flag with one, its ``negative`` form (``--no-compile``)."""
+    flag = info["flag"] if info else "--" + name.replace("_", "-")
+    if info and info["kind"] == "flag":
+        if value:
+            return [flag]
+        # store_true has only the positive form; a switch pair has both
+        return [info["negative"]] if info.get("negative") else []
+    if isinstance(value, Mapping):  # a config given as JSON (--speculative-config)
+        return [flag, json.dumps(dict(value), sort_keys=True, separators=(",", ":"))]
+    if isinstance(value, bool):
+        return [flag] if value else ["--no-" + flag[2:]]
+    return [flag, str(value)]
 
 
 def engine_json(install: EngineInstall, cache_name: str, script: str,

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from qtune.engines.base import (
+from qtune.engines.base import (  # to_flag: re-exported for tests
     CacheVolume,
     Engine,
     Failure,
@@ -38,6 +38,7 @@ from qtune.engines.base import (
     cached_engine_json,
     classify_by_patterns,
     int_flag,
+    to_flag,
 )
 from qtune.engines.vllm_args import engine_args
 from qtune.estimate import Estimate, GiB, estimate_cpu, estimate_gpu
@@ -903,18 +904,6 @@ def _check_cpu_binding(params: Mapping[str, Any], ctx: SpaceContext,
             >= cpubind.fewest_cores(nodes, usable, cores, ranks):
         out.append(f"VLLM_CPU_NUM_OF_RESERVED_CPU={reserved} leaves a rank no core")
     return out
-
-
-def to_flag(name: str, value: Any, info: dict[str, Any] | None = None) -> list[str]:
-    """``info`` is the installed vLLM's description of the flag, if known."""
-    flag = info["flag"] if info else "--" + name.replace("_", "-")
-    if info and info["kind"] == "flag":  # store_true: only the positive form
-        return [flag] if value else []
-    if isinstance(value, Mapping):  # a config given as JSON (--speculative-config)
-        return [flag, json.dumps(dict(value), sort_keys=True, separators=(",", ":"))]
-    if isinstance(value, bool):
-        return [flag] if value else ["--no-" + flag[2:]]
-    return [flag, str(value)]
 
 
 def _in_flight(load: LoadView, base: Mapping[str, Any]) -> float | None:

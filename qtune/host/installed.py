@@ -50,6 +50,12 @@ sg = dist("sglang")
 out["sglang"] = {"version": sg[1]} if sg[0] else None
 gspec = importlib.util.find_spec("sglang") if sg[0] else None
 out["sglang_location"] = gspec.origin if gspec else None
+tf = dist("transformers")
+tspec = importlib.util.find_spec("transformers") if tf[0] else None
+# `transformers serve` needs its [serving] extras (FastAPI, uvicorn, openai)
+out["transformers"] = {"version": tf[1], "location": tspec.origin if tspec else None,
+    "missing": [m for m in ("fastapi", "uvicorn", "openai")
+                if importlib.util.find_spec(m) is None]} if tf[0] else None
 print(json.dumps(out))
 """
 
@@ -121,6 +127,18 @@ def find_engines(python: str) -> InstalledEngines:
         loc = facts.get("sglang_location") or ""
         engines.append(EngineInstall("sglang", facts["sglang"]["version"], "cuda", python,
                                      loc or None, _pythonpath_of(loc)))
+    if facts.get("transformers"):
+        # Found by its package like vLLM and SGLang; the build is torch's.
+        t = facts["transformers"]
+        loc = t.get("location") or ""
+        if t.get("missing"):
+            notes.append(f"transformers {t['version']} found but {', '.join(t['missing'])} "
+                         "missing: `transformers serve` cannot start (pip install "
+                         "'transformers[serving]')")
+        torch = facts.get("torch") or {}
+        build = "rocm" if facts.get("torch_hip") else "cuda" if torch.get("cuda") else "cpu"
+        engines.append(EngineInstall("transformers", t["version"], build, python,
+                                     loc or None, _pythonpath_of(loc)))
     tgi = shutil.which("text-generation-launcher")
     if tgi:
         try:
@@ -146,7 +164,7 @@ def find_engines(python: str) -> InstalledEngines:
 
 
 # The engines a Python can hold (TGI's launcher is found on PATH instead).
-PYTHON_ENGINES = ("vllm", "sglang")
+PYTHON_ENGINES = ("vllm", "sglang", "transformers")
 
 
 def parse_engine_pythons(spec: str) -> dict[str, str]:

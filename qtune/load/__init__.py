@@ -15,14 +15,14 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from qtune.launch import MetricNames
+from qtune.launch import IGNORE_EOS, MetricNames
 from qtune.load.client import RequestSample, build_body, sample_checks, send
 from qtune.load.workload import (
     PromptFactory,
@@ -121,6 +121,7 @@ async def _phase(
     progress: ProgressFn | None,
     max_inflight: int | None,
     watch: Watcher | None = None,
+    fields: Mapping[str, Any] = IGNORE_EOS,
 ) -> tuple[list[RequestSample], float, str | None]:
     # In a thread: with the server's tokenizer each prompt is a /tokenize
     # round trip, and the loop stays free for whatever else runs on it.
@@ -144,7 +145,7 @@ async def _phase(
         return ready[i]
 
     async def one(req: Request) -> None:
-        body = build_body(wl.endpoint, model, req.prompt, req.max_tokens)
+        body = build_body(wl.endpoint, model, req.prompt, req.max_tokens, fields)
         s = RequestSample(start=time.perf_counter(),
                           requested_prompt_tokens=req.requested_tokens)
         inflight[id(s)] = s
@@ -229,6 +230,7 @@ async def run_load(
     reset_cache: bool = False,
     metric_names: MetricNames | None = None,
     reset_paths: Sequence[str] = (),
+    request_fields: Mapping[str, Any] = IGNORE_EOS,
 ) -> LoadResult:
     """Warm up, then measure.  ``max_inflight`` (rate mode) stops the
     measured phase early once that many requests wait at once; ``watch``
@@ -238,7 +240,9 @@ async def run_load(
     ``reset_cache`` empties the server's prefix cache before the measured
     phase where the server offers that (``LoadResult.cache_reset``).  The
     engine's side comes from its adapter: ``metric_names`` (without them
-    no counters are read) and ``reset_paths`` (tried in order)."""
+    no counters are read), ``reset_paths`` (tried in order) and
+    ``request_fields``, what every request carries for its fixed output
+    length."""
     path = "/v1/chat/completions" if wl.endpoint == "chat" else "/v1/completions"
     url = base_url.rstrip("/") + path
     # Reused connections must not outlive the server's idle timeout: aiohttp
@@ -255,7 +259,7 @@ async def run_load(
                 RequestSource, wl, tokenizer, wl.seed + 1_000_003)
             warm, _, _ = await _phase(
                 session, url, model, wl, warm_source, wl.warmup_requests,
-                None, wl.seed + 1, "warm-up", progress, None,
+                None, wl.seed + 1, "warm-up", progress, None, fields=request_fields,
             )
         warmup_s = time.perf_counter() - w0
         cache_reset = (await _reset_prefix_cache(session, base_url, reset_paths)
@@ -269,7 +273,7 @@ async def run_load(
         source = await asyncio.to_thread(RequestSource, wl, tokenizer, wl.seed)
         samples, duration, stopped = await _phase(
             session, url, model, wl, source, wl.requests, wl.duration,
-            wl.seed, "measure", progress, max_inflight, watch,
+            wl.seed, "measure", progress, max_inflight, watch, fields=request_fields,
         )
         server = await watcher.stop() if watcher else None
     return LoadResult(samples, duration, warm, stopped == "saturated", server, stopped,

@@ -27,11 +27,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
+
+from qtune.launch import IGNORE_EOS
 
 
 @dataclass(slots=True)
@@ -68,17 +71,19 @@ class RequestSample:
 
 
 def build_body(
-    endpoint: str, model: str, prompt: str, max_tokens: int
+    endpoint: str, model: str, prompt: str, max_tokens: int,
+    fixed_length: Mapping[str, Any] = IGNORE_EOS,
 ) -> dict[str, Any]:
+    """One streamed request; ``fixed_length`` are the fields by which the
+    server generates exactly ``max_tokens`` (the engine's, ``IGNORE_EOS`` by
+    default): the load must not depend on what the weights happen to say."""
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
         "temperature": 0.0,
-        # Fixed output length: the load must not depend on what random
-        # weights happen to generate.
-        "ignore_eos": True,
+        **fixed_length,
     }
     if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]

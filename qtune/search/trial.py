@@ -293,6 +293,7 @@ def bench_config(prep: Prepared, spec: Any, wl: Any) -> Any:
                        tokenizer=prep.ctx.model.tokenizer_dir, slo=prep.cfg.slo,
                        metric_names=prep.engine.metric_names(),
                        reset_paths=prep.engine.cache_reset_paths(),
+                       request_fields=prep.engine.request_fields(),
                        capacity_window=prep.cfg.capacity_window,
                        capacity_tolerance=prep.cfg.capacity_tolerance)
 

@@ -38,7 +38,7 @@ def test_an_unknown_engine_names_the_registered_ones(tmp_path):
                                 QTUNE_CACHE=str(tmp_path / "cache")))
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "unknown engine 'trtllm'" in out
-    assert "sglang, tgi, vllm" in out
+    assert "sglang, tgi, transformers, vllm" in out
 
 
 def _search(args: list[str], tmp_path: Path) -> tuple[int, list[str]]:
@@ -53,7 +53,8 @@ def _search(args: list[str], tmp_path: Path) -> tuple[int, list[str]]:
 @pytest.mark.parametrize("engines,first,hint", [
     ("vllm,vllm", "error: --engine vllm,vllm: vllm is named twice",
      "hint: name each engine once, e.g. --engine vllm,sglang"),
-    ("vllm,nosuch", "error: unknown engine 'nosuch'", "hint: available: sglang, tgi, vllm"),
+    ("vllm,nosuch", "error: unknown engine 'nosuch'",
+     "hint: available: sglang, tgi, transformers, vllm"),
     # only vLLM is installed here: the other engine is refused before vLLM is
     # asked anything, and before any file
     ("vllm,sglang", f"error: sglang is not installed for {sys.executable}",

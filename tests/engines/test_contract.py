@@ -27,6 +27,7 @@ from qtune.engines.base import (
     classify_by_patterns,
 )
 from qtune.engines.vllm import VLLM
+from qtune.load.client import build_body
 from tests.conftest import FIX
 
 ROOT = Path(__file__).parents[2] / "qtune"
@@ -235,8 +236,13 @@ def _a_value(p: Param) -> Any:
 def test_no_engine_s_words_outside_its_adapter(name, cpu_ctx):
     """Every registered engine, not only vLLM: its flags, metrics, image,
     cache paths and log lines live in qtune/engines/ alone."""
-    words = _engine_words(ENGINES[name], cpu_ctx)
-    assert words["metric"] and words["image"] and words["flag"]
+    e = ENGINES[name]
+    words = _engine_words(e, cpu_ctx)
+    assert words["flag"]
+    # an engine that serves no metrics or publishes no image says so
+    # (None), and has no such words to leak
+    assert bool(words["metric"]) == (e.metric_names() is not None)
+    assert bool(words["image"]) == any(e.image(b, "1") for b in ("cuda", "cpu", "rocm"))
     assert find_vllm_words(ROOT, words) == []
 
 
@@ -262,9 +268,15 @@ def test_every_registered_engine_keeps_the_contract(name, cpu_ctx):
     assert isinstance(e.classify("Address already in use"), Failure)
     assert e.classify("Address already in use").reason == "port_in_use"
     assert e.gpus_used(base) >= 1
+    # What the runner waits for and what the load client sends.
+    assert spec.health_path.startswith("/")
+    assert spec.models_path is None or spec.models_path.startswith("/")
+    fields = e.request_fields()
+    assert fields and not set(fields) & set(build_body("completions", "m", "p", 4, {}))
     names = e.metric_names()
-    assert names is not None and names.requests_running and names.request_success
-    assert e.image("cuda", "1.2.3") is not None
+    # Metrics and an image are optional, but an engine that has them has
+    # the ones the server view and the deploy formats read.
+    assert names is None or (names.requests_running and names.request_success)
     assert e.install_hint()
 
 

@@ -26,7 +26,13 @@ from tests.engines.conftest import H200X2, replay_nvml
 from tests.fakes.model import make_model
 from tests.fakes.profile import PYTHON, sample_profile
 
-VERSIONS = {"vllm": "0.26.0", "sglang": "0.5.17", "tgi": "3.3.7"}
+VERSIONS = {"vllm": "0.26.0", "sglang": "0.5.17", "tgi": "3.3.7", "transformers": "5.19.0"}
+
+
+def image_of(name: str) -> str | None:
+    """None for an engine with a published image (the emitter picks it),
+    else one named as a user would (--image): transformers publishes none."""
+    return None if ENGINES[name].image("cuda", VERSIONS[name]) else f"me/{name}:1"
 
 
 def engine_profile(name: str, tmp_path: Path) -> Profile:
@@ -75,9 +81,10 @@ def test_the_container_runs_the_tuned_command_in_the_engine_s_image(name, tmp_pa
     p = engine_profile(name, tmp_path)
     engine = ENGINES[name]
     words = engine.command_words()
-    (svc,) = yaml.safe_load(emit(p, "compose"))["services"].values()
-    assert svc["image"] == engine.image("cuda", VERSIONS[name])
-    assert VERSIONS[name] in svc["image"]  # pinned to the tuned version
+    (svc,) = yaml.safe_load(emit(p, "compose", image=image_of(name)))["services"].values()
+    if image_of(name) is None:
+        assert svc["image"] == engine.image("cuda", VERSIONS[name])
+        assert VERSIONS[name] in svc["image"]  # pinned to the tuned version
     split = words.split(p.argv)
     assert split is not None
     assert svc["entrypoint"] == split[0]
@@ -89,14 +96,16 @@ def test_the_container_runs_the_tuned_command_in_the_engine_s_image(name, tmp_pa
     folders = [args[i + 1] for i, a in enumerate(args) if a in words.model + words.tokenizer]
     assert folders and set(folders) == mounted
     gpus = svc["deploy"]["resources"]["reservations"]["devices"][0]["count"]
-    assert gpus == engine.gpus_used(p.params) == 2
+    assert gpus == engine.gpus_used(p.params) == (2 if set(p.params) & {
+        "tensor_parallel_size", "tp_size", "num_shard"} else 1)
 
 
 @pytest.mark.parametrize("name", sorted(ENGINES))
 def test_kubernetes_manifests_pass_the_api_schema(name, tmp_path):
     kubernetes_validate = pytest.importorskip(
         "kubernetes_validate", reason="the test extra installs kubernetes-validate")
-    for doc in yaml.safe_load_all(emit(engine_profile(name, tmp_path), "kubernetes")):
+    for doc in yaml.safe_load_all(emit(engine_profile(name, tmp_path), "kubernetes",
+                                       image=image_of(name))):
         kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
 
 
@@ -105,7 +114,7 @@ def test_kubernetes_manifests_pass_the_api_schema(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(ENGINES))
 def test_compose_file_passes_docker_compose_config(name, tmp_path):
     f = tmp_path / "compose.yaml"
-    f.write_text(emit(engine_profile(name, tmp_path), "compose"))
+    f.write_text(emit(engine_profile(name, tmp_path), "compose", image=image_of(name)))
     r = subprocess.run(["docker-compose", "-f", str(f), "config", "-q"],
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr

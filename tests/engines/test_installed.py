@@ -112,3 +112,14 @@ def test_a_bad_engine_python_is_refused_before_anything_runs(spec, said):
 
     with pytest.raises(InputError, match=re.escape(said)):
         parse_engine_pythons(spec)
+
+
+def test_transformers_is_found_by_its_package_with_torch_s_build(tmp_path, monkeypatch):
+    """`transformers serve` is in the transformers package (which comes with
+    vLLM): found like vLLM and SGLang, its build the installed torch's."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    _fake_dist(tmp_path / "site", "transformers", "9.9.0")
+    py = _python_seeing(tmp_path / "env", tmp_path / "site")
+    tf = find_engines(str(py)).get("transformers")
+    assert tf is not None and tf.version == "9.9.0" and tf.python == str(py)
+    assert tf.build in ("cpu", "cuda", "rocm")

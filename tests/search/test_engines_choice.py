@@ -31,7 +31,7 @@ def test_engine_names_one_or_several_each_once():
         engine_names("vllm,vllm")
     with pytest.raises(InputError, match="unknown engine 'nosuch'") as e:
         engine_names("vllm,nosuch")
-    assert e.value.hint == "available: sglang, tgi, vllm"
+    assert e.value.hint == "available: sglang, tgi, transformers, vllm"
     with pytest.raises(InputError, match="an empty engine name"):
         engine_names("vllm,")
 
