@@ -52,7 +52,11 @@ def _root(
 
 
 def _print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    # Secrets by shape in every string of every --json (a server's error text too).
+    from qtune.untrusted import redact_tree
+
+    sys.stdout.write(json.dumps(redact_tree(obj), indent=2,
+                                default=lambda o: redact(str(o))) + "\n")
 
 
 EnginePython = Annotated[
