@@ -49,6 +49,9 @@ def _root(
     ] = False,
 ) -> None:
     _state["debug"] = debug
+    from qtune import files
+
+    files.reset()  # what the last command (in this process) read is not this one's input
 
 
 def _print_json(obj: Any) -> None:
@@ -96,7 +99,7 @@ def probe(
     d = facts.to_dict()
     if capture is not None:
         n = do_capture(capture)
-        console.err.print(f"captured {n} files into {capture}")
+        console.err.print(f"captured {n} files into {capture}")  # (printed visibly)
     if json_out:
         _print_json(d)
     else:
@@ -657,7 +660,9 @@ def _bench_csv(res: dict[str, Any]) -> str:
                 for k, runs in enumerate(res["runs"]) for i, r in enumerate(runs)]
     else:
         rows = [{m: metric_value(res, m) for m in KEY_METRICS}]
-    return pd.DataFrame(rows).to_csv(index=False)
+    from qtune.files import csv_text
+
+    return csv_text(pd.DataFrame(rows))
 
 
 def _provenance(profile: Any, engine: bool = True) -> list[str]:
@@ -705,14 +710,14 @@ def emit(
     from qtune.profile import Profile
 
     if output is not None:  # before the profile is read
-        check_target(output, "-o", force=force)
+        check_target(output, "-o", force=force, inputs=(profile,))
     prof = Profile.load(profile)
     text = do_emit(prof, format, image, autoscale, max_replicas, prometheus_url)
     warnings = _provenance(prof)
     for w in warnings:
         console.warn(f"this host differs from the one the profile was tuned on: {w}")
     if output is not None:
-        write_atomic(output, text, force=force, what="-o")
+        write_atomic(output, text, force=force, what="-o", inputs=(profile,))
         if not json_out:
             console.err.print(f"wrote {output}")
     if json_out:

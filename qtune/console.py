@@ -20,6 +20,7 @@ from rich.text import Text
 from qtune.errors import QtuneError, mask_url, printable, redact
 from qtune.metrics import overload_text
 
+
 class _Console(Console):
     """A console that never interprets what it is given: no markup (a model
     id ``evil[/]`` is text, not a closing tag that raises), no emoji codes,

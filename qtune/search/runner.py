@@ -46,6 +46,9 @@ from qtune.stats import bootstrap_median
 
 
 def tune(cfg: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
+    from qtune import files
+
+    files.reset()  # one call is one command: its inputs are the ones it reads
     prep = prepare(cfg)
     return run_study(prep, reporter or NullReporter())
 
@@ -193,6 +196,18 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
     database makes that atomic on the name), or one resuming an opening."""
     cfg = prep.cfg
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if cfg.pick is not None:
+        # --pick reads a finished study and writes only the profile: the
+        # storage is read-only by construction (no trial failed, no attribute
+        # rewritten, no table created).
+        try:
+            study = optuna.load_study(study_name=prep.study_name,
+                                      storage=open_storage(prep.storage_url, read_only=True))
+        except KeyError:
+            raise StudyError(f"--pick: no study {prep.study_name} in "
+                             f"{mask_url(prep.storage_url)}",
+                             hint="--pick writes a profile of an existing study") from None
+        return study, False
     is_fleet = fleet.is_fleet(prep.storage_url)
     storage = open_storage(prep.storage_url,
                            heartbeat_s=cfg.heartbeat_s if is_fleet else None)
