@@ -11,7 +11,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field

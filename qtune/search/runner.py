@@ -84,6 +84,10 @@ def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     reporter.study_started(_study_info(prep))
     started = fleet.started_at(study) if is_fleet else time.monotonic()
     stop_reason = None
+    if cfg.pick is not None:
+        # --pick: the profile of one trial of the study as it is; nothing
+        # runs and nothing is written to the study (its storage is read-only).
+        return finish(_shape(prep, study, reporter), study)
     if cfg.finish:
         # --finish: the confirmation and the profile of the study as it is.
         prep = _shape(prep, study, reporter)
@@ -541,7 +545,8 @@ def _shape(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Prepared:
         shaped, notes = _shape_one(prep, study, None)
         for n in notes:
             reporter.note(n)
-        study.set_user_attr(StudyAttr.SPACE_NOTES, notes)
+        if prep.cfg.pick is None:  # --pick reads the study, never rewrites it
+            study.set_user_attr(StudyAttr.SPACE_NOTES, notes)
         return shaped
     subs: dict[str, Prepared] = {}
     all_notes = []
@@ -550,7 +555,8 @@ def _shape(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Prepared:
         all_notes += [f"{name}: {n}" for n in notes]
     for n in all_notes:
         reporter.note(n)
-    study.set_user_attr(StudyAttr.SPACE_NOTES, all_notes)
+    if prep.cfg.pick is None:
+        study.set_user_attr(StudyAttr.SPACE_NOTES, all_notes)
     first = next(iter(subs.values()))
     return dataclasses.replace(prep, params=first.params, fixed=first.fixed, engines=subs)
 
