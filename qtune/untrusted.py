@@ -23,6 +23,12 @@ MAX_INT_DIGITS = 30  # a 5000-digit integer is no count, size or port
 _DEPTH_SCAN = frozenset("[{")
 
 
+class BadData(InputError, ValueError):
+    """Untrusted data over a limit or malformed: an ``InputError`` for the
+    CLI, and a ``ValueError`` for the callers that already handle a bad
+    answer as one (a server's reply is parsed where a ValueError is caught)."""
+
+
 def _depth_ok(text: str | bytes, limit: int) -> bool:
     """Whether brackets nest at most ``limit`` deep, outside strings: one
     linear pass before the (recursive) parser sees the text."""
@@ -70,19 +76,19 @@ def loads(text: str | bytes, what: str, *, max_bytes: int = MAX_JSON_BYTES,
     """JSON from an untrusted source: size, depth and number limits, every
     failure an ``InputError`` that names ``what``."""
     if len(text) > max_bytes:
-        raise InputError(f"{what}: {len(text)} bytes, over the {max_bytes >> 20} MiB limit",
+        raise BadData(f"{what}: {len(text)} bytes, over the {max_bytes >> 20} MiB limit",
                          hint="qtune reads small JSON documents only")
     if not _depth_ok(text, max_depth):
-        raise InputError(f"{what}: nested deeper than {max_depth} levels",
+        raise BadData(f"{what}: nested deeper than {max_depth} levels",
                          hint="not a document qtune reads")
     try:
         return json.loads(text, parse_constant=_bad_constant, parse_int=_parse_int,
                           parse_float=_parse_float)
     except RecursionError:  # (the depth scan should have caught it)
-        raise InputError(f"{what}: nested too deeply", hint="not a document qtune reads") \
+        raise BadData(f"{what}: nested too deeply", hint="not a document qtune reads") \
             from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{what}: not valid JSON ({printable(redact(str(exc)))[:120]})",
+        raise BadData(f"{what}: not valid JSON ({printable(redact(str(exc)))[:120]})",
                          hint="check the file or the server's answer") from None
 
 
