@@ -47,9 +47,10 @@ SECRET_WORDS = ("password", "passwd", "pwd", "pass", "passphrase", "token", "sec
                 "access_key", "private_key", "key", "auth", "authorization",
                 "credential", "credentials", "signature", "sig", "sas", "session")
 _PARAM_RE = re.compile(
-    r"(?i)(?<![A-Za-z0-9_])(?P<name>[A-Za-z0-9_.-]{0,40}?(?:"
+    r"(?i)(?<![A-Za-z0-9_/.])(?P<name>[A-Za-z0-9_.-]{0,40}?(?:"
     + "|".join(re.escape(w) for w in sorted(SECRET_WORDS, key=len, reverse=True))
-    + r"))(?P<eq>['\"]?\s*[=:]\s*|%3[dD])(?P<q>['\"]?)(?P<val>[^\s&;#'\",}]+)")
+    + r"))(?P<eq>['\"]?(?:\s*=\s*|\s*:\s+|\s*:(?=['\"]))|%3[dD])"
+    r"(?P<q>['\"]?)(?P<val>[^\s&;#'\",}]+)")
 # Engine flags whose *next* argument is a secret (--api-key VALUE).
 SECRET_FLAGS = ("--api-key", "--token", "--hf-token", "--ssl-keyfile-password",
                 "--admin-api-key", "--password")

@@ -67,7 +67,8 @@ _PARAM_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
 _OBJECTIVE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 # What a CPU list looks like to the kernel, systemd's CPUAffinity= and
 # Docker's cpuset: "0-3,8".
-_CPU_LIST = re.compile(r"\d{1,4}(?:-\d{1,4})?(?:,\d{1,4}(?:-\d{1,4})?)*")
+# ASCII digits only: \d and int() accept '٣', which systemd cannot parse.
+_CPU_LIST = re.compile(r"[0-9]{1,4}(?:-[0-9]{1,4})?(?:,[0-9]{1,4}(?:-[0-9]{1,4})?)*")
 # systemd keeps CPU sets below 8192 CPUs; the kernel's MAX_NUMNODES is 1024.
 _MAX_CPU, _MAX_NODE = 8191, 1023
 # The executable: absolute, normalised (systemd refuses "/a/../b" and
@@ -248,13 +249,17 @@ class _Objective(_Open):
     name: Annotated[str, _pattern(_OBJECTIVE, "is not an objective name "
                                               "(like e2e_p99 or pareto:ttft_p99)")]
     direction: Literal["minimize", "maximize", "pareto"] | None = None
-    best: Finite | None = None
-    baseline: Finite | None = None
+    # A rate or latency every emitter (KEDA threshold, Grafana JSON) can
+    # write as a plain number.
+    best: Annotated[Finite, Field(ge=-1e12, le=1e12)] | None = None
+    baseline: Annotated[Finite, Field(ge=-1e12, le=1e12)] | None = None
 
 
 class _Metrics(_Open):
     objective: _Objective | None = None
-    startup_s: Annotated[Finite, Field(ge=0)] | None = None
+    # Bounded so that every emitter writes it as a plain number (1e300 made a
+    # 301-digit TimeoutStartSec): a start longer than a day is no start.
+    startup_s: Annotated[Finite, Field(ge=0, le=86400)] | None = None
 
 
 class _Params(_Open):
@@ -320,6 +325,16 @@ class Profile(_Strict):
                 raise _fail((i + 1,), f"the value of {_show(a)} is a secret", _SECRET_HINT)
             if _TOKEN_VALUE.fullmatch(val if eq and flag.startswith("-") else a):
                 raise _fail((i,), "looks like an access token", _SECRET_HINT)
+        # As the engine's argparse reads it: "--api-ke X" is --api-key X and
+        # "--po 9000" is --port 9000 (allow_abbrev), which the checks above
+        # and every emitter would miss.
+        from qtune.engines.base import abbreviated_flag
+
+        if (bad := abbreviated_flag(v[1:])) is not None:
+            i, given, full = bad
+            raise _fail((i + 1,), f"{_show(given)} abbreviates {_show(full)}",
+                        f"write the flag in full ({_show(full)}): the engine reads a "
+                        "prefix as the whole flag, qtune's checks do not")
         return v
 
     @field_validator("env")
