@@ -31,6 +31,11 @@ class _Console(Console):
     (tables, Text objects, plain strings, the internal-error line) is covered
     in one place instead of at each call site."""
 
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        # A string given to print() (or a table cell) is one line of text:
+        # a newline in a path or a model id must not start a forged line.
+        return super().render_str(printable(text), **kwargs)
+
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
         return super()._render_buffer(
             seg if seg.control or seg.text == "\n"
