@@ -15,10 +15,20 @@ from rich.console import Console
 from rich.live import Live
 from rich.segment import Segment
 from rich.table import Table
-from rich.text import Text
+from rich.text import Text as _RichText
 
 from qtune.errors import QtuneError, mask_url, printable, redact
 from qtune.metrics import overload_text
+
+
+class Text(_RichText):
+    """Rich's Text, its content one line: every Text qtune builds may hold
+    data (a trial's detail, a model id), and a newline in it would draw a
+    line of its own ("error: ..." forged) that the console cannot tell from
+    layout.  Rich's own Text objects (tables, wrapping) are not this class."""
+
+    def __init__(self, text: str = "", *args: Any, **kwargs: Any) -> None:
+        super().__init__(printable(text), *args, **kwargs)
 
 
 class _Console(Console):
@@ -31,7 +41,7 @@ class _Console(Console):
     (tables, Text objects, plain strings, the internal-error line) is covered
     in one place instead of at each call site."""
 
-    def render_str(self, text: str, **kwargs: Any) -> Text:
+    def render_str(self, text: str, **kwargs: Any) -> _RichText:
         # A string given to print() (or a table cell) is one line of text:
         # a newline in a path or a model id must not start a forged line.
         return super().render_str(printable(text), **kwargs)
