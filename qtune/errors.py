@@ -103,9 +103,7 @@ def redact(text: str) -> str:
     """Mask anything that looks like a secret: URL user-info passwords,
     secret-named parameters, secret flags' values, token shapes.  Linear in
     ``len(text)``; never raises."""
-    if not isinstance(text, str):
-        text = str(text)
-    text = _mask_userinfo(text)
+    text = _mask_userinfo(str(text))  # (str(): a caller's exception text, say)
     text = _AUTH_RE.sub(lambda m: f"{m[1]}{m[2]}***", text)
     text = _PARAM_RE.sub(lambda m: f"{m['name']}{m['eq']}{m['q']}***"
                          if m["val"] != "***" else m[0], text)

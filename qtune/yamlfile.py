@@ -39,14 +39,14 @@ class BoundedLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         if self.check_event(yaml.AliasEvent):
-            ev = self.peek_event()
+            ev = self.peek_event()  # type: ignore[no-untyped-call]
             raise _Refused("uses a YAML alias (*name); write the value out", ev.start_mark)
         self._depth += 1
         try:
             if self._depth > MAX_YAML_DEPTH:
-                raise _Refused(f"nests deeper than {MAX_YAML_DEPTH} levels",
-                               self.peek_event().start_mark)
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+                ev = self.peek_event()  # type: ignore[no-untyped-call]
+                raise _Refused(f"nests deeper than {MAX_YAML_DEPTH} levels", ev.start_mark)
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 

@@ -215,8 +215,7 @@ def _open(url: str, *, read_only: bool = False,
                     # Read-only: never create Optuna's tables in an empty
                     # database (nor check/migrate its schema version).
                     return optuna.storages.RDBStorage(
-                        url, engine_kwargs=kwargs, **beat,
-                        **({"skip_table_creation": True} if read_only else {}))
+                        url, engine_kwargs=kwargs, **beat, skip_table_creation=read_only)
                 except (IntegrityError, ProgrammingError) as exc:
                     # Workers started together on an empty database race to
                     # create Optuna's tables (PostgreSQL's IF NOT EXISTS is
