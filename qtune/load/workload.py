@@ -7,7 +7,6 @@ come from flags or from a ``--workload FILE.yaml`` with the same keys.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import random
 import re
@@ -547,13 +546,15 @@ def _parse_dataset(
     except OSError as exc:
         raise InputError(f"{where}: cannot read ({exc.strerror})",
                          hint="ShareGPT JSON or JSONL with 'prompt' lines") from None
+    from qtune.untrusted import loads
+
     rows: list[tuple[str, int | None]] = []
     if path.suffix == ".jsonl" or not text.lstrip().startswith("["):
         for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = loads(line, f"{where} line {i}")
                 prompt = obj["prompt"]
                 out = obj.get("output_tokens")
                 if not isinstance(prompt, str) or (
@@ -569,7 +570,7 @@ def _parse_dataset(
             rows.append((prompt, out))
     else:
         try:
-            data = json.loads(text)
+            data = loads(text, where, max_bytes=1 << 30)
         except ValueError as exc:
             raise InputError(f"{where}: not valid JSON ({exc})",
                          hint="ShareGPT JSON (a list of conversations) or JSONL") from None
