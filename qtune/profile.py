@@ -89,6 +89,9 @@ _TOKEN_VALUE = re.compile(
 _BIDI = {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
 _MAX_STRING = 65536  # a systemd line is at most 1 MiB; a compile config is a few KB
 _MAX_DEPTH = 32
+# Every number a profile holds, so that each emitter writes it plainly
+# (no exponent past what Go, YAML and JSON readers all take, no inf/NaN).
+_MAX_NUMBER = 1e15
 
 
 def _bad_char(text: str) -> str | None:
@@ -143,6 +146,13 @@ def _check_strings(value: object, where: tuple[object, ...], depth: int = 0) -> 
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             _check_strings(v, (*where, i), depth + 1)
+    elif isinstance(value, float) and not (math.isfinite(value) and abs(value) <= _MAX_NUMBER):
+        # Anywhere (metrics.best.request_throughput too): inf became
+        # "threshold: inf" in KEDA and Infinity in Grafana JSON.
+        raise _fail(where, f"must be a finite number within ±{_MAX_NUMBER:g}")
+    elif isinstance(value, int) and not isinstance(value, bool) and \
+            abs(value) > _MAX_NUMBER:
+        raise _fail(where, f"must be a number within ±{_MAX_NUMBER:g}")
     elif value is not None and not isinstance(value, (bool, int, float)):
         raise _fail(where, f"is a {type(value).__name__}; profiles hold strings, "
                     "numbers, lists and mappings")

@@ -273,3 +273,14 @@ def test_output_paths_are_printed_visibly(tmp_path, monkeypatch, capsys):
                                  monkeypatch, capsys)
     check_outcome(rc, out, err, took, (0, 1))
     assert not any(line.startswith("error: forged") for line in err.splitlines())
+
+
+def test_no_infinite_number_anywhere_in_a_profile(tmp_path, monkeypatch, capsys):
+    d = sample_profile().model_dump(mode="json")
+    d["metrics"]["best"] = {"request_throughput": float("inf")}
+    d["metrics"]["objective"] = {"name": "e2e_p99", "direction": "minimize"}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+    for args in (["-f", "kubernetes", "--autoscale", "keda"], ["-f", "grafana"]):
+        rc, out, err, took = run_cli(["emit", "p.yaml", *args], monkeypatch, capsys)
+        check_outcome(rc, out, err, took, (1,))
+        assert "finite" in err
