@@ -238,6 +238,33 @@ SERVER_CASES = [
     Case("check-url-password", lambda e: ["check", e.profile(), "--url",
                                           f"http://u:{SECRET}@127.0.0.1:1"], (1,)),
 ]
+def _tokenizer(text: str) -> Callable[[Env], list[str]]:
+    def args(e: Env) -> list[str]:
+        (e.work / "tok").mkdir()
+        (e.work / "tok" / "tokenizer.json").write_text(text)
+        return _bench("--tokenizer", "tok")(e)
+    return args
+
+
+_METRICS_NAN = (b"vllm:num_requests_running{model_name=\"m\"} NaN\n"
+                b"vllm:request_success_total{model_name=\"m\"} NaN\n"
+                b"vllm:prefix_cache_hits_total{model_name=\"m\"} +Inf\n")
+SERVER_CASES += [
+    Case("bench-tokenizer-deep", _tokenizer("[" * 5000 + "]" * 5000), (0, 1)),
+    Case("bench-tokenizer-garbage", _tokenizer("not json"), (0, 1)),
+    Case("bench-tokenizer-nan", _tokenizer('{"model": NaN}'), (0, 1)),
+    Case("bench-metrics-nan", lambda e: _bench()(e)[:-1], (0,), lambda e: {
+        "/v1/models": hs.models("m"), "/v1/completions": hs.sse(*hs.text_events()),
+        "/metrics": hs.raw(_METRICS_NAN)}),
+    Case("check-metrics-nan", lambda e: ["check", e.profile(), "--url", e.url,
+                                         "--requests", "2"], (4, 5), lambda e: {
+        "/v1/models": hs.models("m"), "/v1/completions": hs.sse(*hs.text_events()),
+        "/metrics": hs.raw(_METRICS_NAN)}),
+    Case("check-metrics-huge", lambda e: ["check", e.profile(), "--url", e.url,
+                                          "--requests", "2"], (4, 5), lambda e: {
+        "/v1/models": hs.models("m"), "/v1/completions": hs.sse(*hs.text_events()),
+        "/metrics": hs.huge(20)}),
+]
 for _status in (301, 302, 303, 307, 308):
     SERVER_CASES.append(Case(f"bench-redirect-{_status}-with-creds", _bench(url=_with_creds),
                              (1,), _redirect_routes(_status)))
