@@ -82,7 +82,9 @@ def _mask_userinfo(text: str) -> str:
         start = i + 3
         end = start
         n = len(text)
-        while end < n and not text[end].isspace() and text[end] not in "\"'<>`":
+        # To the next whitespace: a password may hold quotes and brackets
+        # too (masking a little more of a quoted word is safe, less is not).
+        while end < n and not text[end].isspace():
             end += 1
         word = text[start:end]
         at = word.rfind("@")
@@ -111,10 +113,20 @@ def redact(text: str) -> str:
     return _SECRET_RE.sub("***", text)
 
 
+# A database (or storage proxy) URL's password as SQLAlchemy reads it: from
+# the ':' after the user to the last '@', spaces included (it still
+# connects).  Anchored at the start, so one scan: linear.
+_DB_USERINFO_RE = re.compile(
+    r"(?P<head>(?:postgres(?:ql)?|mysql|mariadb|oracle|mssql|sqlite|grpc)(?:\+\w+)?"
+    r"://[^:/]*:).*@", re.S | re.I)
+
+
 def mask_url(url: str) -> str:
-    """``url`` fit to print: the user-info password (whatever characters it
-    holds), secret-named query parameters and any token masked.  Never
-    raises, whatever the text."""
+    """``url`` (the whole text is one URL) fit to print: the user-info
+    password (whatever characters it holds), secret-named query parameters
+    and any token masked.  Never raises, whatever the text."""
+    if m := _DB_USERINFO_RE.match(url):
+        url = m["head"] + "***@" + url[m.end():]
     return redact(url)
 
 
