@@ -31,15 +31,16 @@ class Lengths:
     def parse(cls, value: int | str, flag: str) -> Lengths:
         text = str(value).strip()
         try:
-            if re.fullmatch(r"\d+", text):
+            # ASCII digits (re.A): int() would take '٣' that no engine flag does.
+            if re.fullmatch(r"\d+", text, re.A):
                 n = int(text)
                 if n >= 1:
                     return cls("fixed", n)
-            elif m := re.fullmatch(r"(\d+)\s*[-:]\s*(\d+)", text):
+            elif m := re.fullmatch(r"(\d+)\s*[-:]\s*(\d+)", text, re.A):
                 lo, hi = int(m[1]), int(m[2])
                 if 1 <= lo <= hi:
                     return cls("uniform", lo, hi)
-            elif m := re.fullmatch(r"normal:(\d+):(\d+)", text):
+            elif m := re.fullmatch(r"normal:(\d+):(\d+)", text, re.A):
                 return cls("normal", int(m[1]), int(m[2]))
         except ValueError:
             pass

@@ -357,6 +357,18 @@ STUDY_CASES.append(Case("probe-capture-link-inside", _capture_link, (1,), may_wr
 CASES = _emit_cases() + OUTPUTS + SERVER_CASES + STUDY_CASES
 
 
+_UNICODE_ARGS = [
+    ("input-len", ["--input-len", "\u0663\u0662"]),
+    ("output-len", ["--output-len", "\u0661-\u0669"]),
+    ("input-len-huge", ["--input-len", "9" * 5000]),
+    ("input-len-normal", ["--input-len", "normal:\u0663:1"]),
+]
+CASES += [Case(f"bench-unicode-{name}", lambda e, extra=extra: [
+    "bench", "--url", "http://127.0.0.1:1", *extra], (1, 2)) for name, extra in _UNICODE_ARGS]
+CASES.append(Case("search-levels-unicode", lambda e: [
+    "search", "--objective", "pareto", "--levels", "\u0661,\u0662"], (1, 2)))
+
+
 def _may(rel: str, allowed: tuple[str, ...]) -> bool:
     return any(rel == a or rel.startswith(a + "/") for a in allowed)
 
@@ -413,3 +425,4 @@ def test_corpus_is_large_enough() -> None:
 if __name__ == "__main__":  # pragma: no cover
     print(len(CASES), json.dumps(sorted({c.id.split('-')[0] for c in CASES})),
           file=sys.stderr)
+
