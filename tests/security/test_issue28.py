@@ -260,6 +260,22 @@ def test_csv_cells_are_never_formulas(tmp_path, monkeypatch, capsys):
     for line in text.splitlines():
         for cell in line.split(","):
             assert not cell.startswith(("=", "+", "@")), line
+    # report --csv: a trial's detail (a server's text) is a cell too
+    from optuna.storages.journal import JournalFileBackend
+
+    (tmp_path / "studies").mkdir()
+    st = optuna.create_study(study_name="s", storage=optuna.storages.JournalStorage(
+        JournalFileBackend(str(tmp_path / "studies" / "s.log"))))
+    st.add_trial(optuna.trial.create_trial(
+        params={}, distributions={}, value=1.0,
+        user_attrs={"detail": "=cmd|' /C calc'!A0", "status": "ok", "reason": "@SUM(1)"}))
+    rc, out, err, took = run_cli(["report", "s", "--csv", "r.csv"], monkeypatch, capsys)
+    check_outcome(rc, out, err, took, (0,))
+    import csv as csvmod
+
+    for row in csvmod.reader((tmp_path / "r.csv").read_text().splitlines()):
+        for cell in row:
+            assert not cell.startswith(("=", "+", "@")), row
     from qtune.files import csv_cell
 
     assert csv_cell("=cmd|' /C calc'!A0") == "'=cmd|' /C calc'!A0"
