@@ -108,10 +108,13 @@ def _storage(cfg: TuneConfig, name: str) -> tuple[str, Path]:
     study_dir = (cfg.studies_dir / name).absolute()
     if cfg.storage:
         check_storage_url(cfg.storage)
+        if (path := storage_path(cfg.storage)) is not None:
+            note_input(path)  # no output of this command may replace it
         return cfg.storage, study_dir
     journal = (cfg.studies_dir / (name + ".log")).absolute()
     if journal.exists() or journal.is_symlink():
         check_journal(journal)
+        note_input(journal)
     return f"journal://{journal}", study_dir
 
 
