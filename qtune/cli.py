@@ -770,7 +770,11 @@ def main() -> None:
             raise
         from qtune import console
 
-        console.err.print(f"internal error: {redact(type(exc).__name__)}: "
-                          f"{redact(str(exc))[:300]}")
+        try:  # the error's own text is data: it may not even convert
+            detail = redact(str(exc))[:300]
+        except Exception:
+            detail = "(its message cannot be shown)"
+        # (console: no markup, control characters shown escaped, one line)
+        console.err.print(f"internal error: {redact(type(exc).__name__)}: {detail}")
         console.err.print("hint: re-run with --debug for the traceback, and report it")
         sys.exit(1)

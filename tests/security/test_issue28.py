@@ -299,3 +299,17 @@ def test_no_infinite_number_anywhere_in_a_profile(tmp_path, monkeypatch, capsys)
         rc, out, err, took = run_cli(["emit", "p.yaml", *args], monkeypatch, capsys)
         check_outcome(rc, out, err, took, (1,))
         assert "finite" in err
+
+
+@pytest.mark.parametrize("message", ["evil[/]", "\x1b[31mred\nerror: forged", "[bold]"])
+def test_the_internal_error_path_cannot_fail(monkeypatch, capsys, message):
+    from qtune import cli
+
+    def boom(*a: Any, **k: Any) -> None:
+        raise RuntimeError(message + f" sk-{'q' * 24}")
+
+    monkeypatch.setattr(cli, "app", boom)
+    rc, out, err, took = run_cli(["probe"], monkeypatch, capsys)
+    assert rc == 1 and err.startswith("internal error: RuntimeError: ")
+    assert "\x1b" not in err and "sk-qqqq" not in err
+    assert len([ln for ln in err.splitlines() if ln.startswith("error")]) == 0
