@@ -27,6 +27,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+DEADLINE_S = 10.0  # a whole small request: listing, tokenize, a report page
 MAX_BODY = 16 << 20  # 16 MiB: a /v1/models or /metrics answer is far smaller
 _CHUNK = 1 << 16
 
@@ -82,11 +83,12 @@ def _fetch(req: urllib.request.Request, timeout: float, cap: int) -> bytes:
         return b"".join(chunks)
 
 
-def request_bytes(url: str, body: dict[str, Any] | None = None, *, timeout: float = 10,
-                  limit: int = -1) -> bytes:
+def request_bytes(url: str, body: dict[str, Any] | None = None, *,
+                  timeout: float | None = None, limit: int = -1) -> bytes:
     """GET ``url`` (POST ``body`` as JSON when given); at most ``limit``
     bytes of the answer (-1: ``MAX_BODY``; more is an error), within
-    ``timeout`` seconds for the whole request."""
+    ``timeout`` seconds (default ``DEADLINE_S``) for the whole request."""
+    timeout = DEADLINE_S if timeout is None else timeout
     bare, headers = split_auth(url)
     data = None
     if body is not None:
@@ -115,7 +117,7 @@ def request_bytes(url: str, body: dict[str, Any] | None = None, *, timeout: floa
 
 
 def request_json(url: str, body: dict[str, Any] | None = None, *,
-                 timeout: float = 10) -> Any:
+                 timeout: float | None = None) -> Any:
     """GET ``url`` (POST ``body`` as JSON when given) and parse the answer
     with ``qtune.untrusted``'s limits (a ``ValueError`` when it is bad)."""
     from qtune.untrusted import loads
