@@ -53,7 +53,15 @@ def storage_path(url: str) -> Path | None:
     if url.startswith("journal://"):
         return Path(url[len("journal://"):])
     if url.startswith("sqlite:///"):
-        rest = url[len("sqlite:///"):].partition("?")[0]
+        # The file as SQLAlchemy reads the URL (percent-decoded, up to '?'),
+        # so that the checks and the read-only open see the file a write would.
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            rest = make_url(url).database or ""
+        except (ArgumentError, ValueError):
+            rest = url[len("sqlite:///"):].partition("?")[0]
         return Path(rest) if rest and rest != ":memory:" else None
     return None
 
@@ -245,7 +253,11 @@ def sqlite_ro_url(path: Path) -> str:
     whatever characters the path holds."""
     from urllib.parse import quote
 
-    return f"sqlite:///file:{quote(str(path.absolute()), safe='/')}?mode=ro&uri=true"
+    # Encoded twice: SQLAlchemy decodes the database part once before it
+    # hands "file:...?mode=ro" to SQLite, which decodes it again.  Once
+    # would give SQLite a raw '#' (the rest, ?mode=ro included, a fragment).
+    enc = quote(str(path.absolute()), safe="/").replace("%", "%25")
+    return f"sqlite:///file:{enc}?mode=ro&uri=true"
 
 
 _WRITES = ("create_new_study", "delete_study", "set_study_user_attr",

@@ -314,3 +314,26 @@ def test_the_internal_error_path_cannot_fail(monkeypatch, capsys, message):
     assert rc == 1 and err.startswith("internal error: RuntimeError: ")
     assert "\x1b" not in err and "sk-qqqq" not in err
     assert len([ln for ln in err.splitlines() if ln.startswith("error")]) == 0
+
+
+@pytest.mark.parametrize("name", ["st#x.db", "st?x.db", "st%23x.db", "a b#c?d.db"])
+def test_sqlite_read_only_whatever_the_path_holds(tmp_path, monkeypatch, capsys, name):
+    db = tmp_path / name
+    from urllib.parse import quote
+
+    url = "sqlite:///" + quote(str(db), safe="/")  # the file, as SQLAlchemy reads a URL
+    st = optuna.create_study(study_name="s", storage=url)
+    st.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=1.0))
+    del st
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    from qtune.search.storage import sqlite_ro_url
+
+    rc, out, err, took = run_cli(["report", "s", "--storage", url], monkeypatch, capsys)
+    check_outcome(rc, out, err, took, (0,))
+    if "?" not in name:  # a raw '#' is how a user writes it (the case)
+        rc, out, err, took = run_cli(["report", "s", "--storage", f"sqlite:///{db}"],
+                                     monkeypatch, capsys)
+        check_outcome(rc, out, err, took, (0,) if "%" not in name else (1,))
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert after == before  # no new file, the database untouched
+    assert "mode=ro" in sqlite_ro_url(db)
