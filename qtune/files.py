@@ -203,7 +203,11 @@ def write_atomic(path: Path, data: str | bytes, *, force: bool = False,
     if _may_create(parent):
         parent.mkdir(parents=True, exist_ok=True)
     try:
-        dfd = os.open(parent, _DIR_FLAGS)
+        # Links above the target are the host's layout (/tmp -> /private/tmp):
+        # resolved once; the resolved folder is then opened without following
+        # a link swapped in since, and everything at or below the target is
+        # reached through that descriptor.
+        dfd = os.open(os.path.realpath(parent), _DIR_FLAGS)
     except OSError as exc:
         raise InputError(f"{what} {_show(path)}: cannot open {_show(parent)}: "
                          f"{exc.strerror}", hint="give a path in a real folder "
