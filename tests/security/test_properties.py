@@ -135,3 +135,56 @@ def test_write_targets_are_checked_never_crash(tmp_path: Path, name: str):
         pass
     except ValueError:  # (pathlib refuses NUL itself; still no write)
         assert "\0" in name
+
+
+numbers = (st.floats(allow_nan=True, allow_infinity=True) | st.integers(-10**40, 10**40)
+           | st.sampled_from([1e300, -1e300, 10**5000 // 10**4990, 0.1, 5e-324]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(["metrics.startup_s", "metrics.best.request_throughput",
+                        "metrics.objective.best", "workload.rate", "params.max_num_seqs"]),
+       numbers)
+def test_profile_numbers_are_refused_or_written_plainly(field, value):
+    import re
+
+    from qtune.emit import emit
+    from qtune.errors import QtuneError
+    from qtune.profile import Profile
+    from tests.fakes.profile import sample_profile
+
+    d = sample_profile().model_dump(mode="json")
+    d["metrics"]["objective"]["name"] = "capacity"
+    *head, last = field.split(".")
+    node = d
+    for k in head:
+        node = node.setdefault(k, {})
+    node[last] = value
+    try:
+        prof = Profile.model_validate(d)
+    except Exception:  # (a ValidationError: refused, which is fine)
+        return
+    for fmt in ("systemd", "kubernetes", "grafana", "prometheus-rules"):
+        try:
+            text = emit(prof, fmt, None, "keda" if fmt == "kubernetes" else None, 4, None)
+        except QtuneError:
+            continue
+        low = text.lower()
+        assert "infinity" not in low and not re.search(r"\b(nan|inf)\b", low), fmt
+        assert not re.search(r"[0-9]{25}", text), fmt
+
+
+@FAST
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                    lambda k: st.lists(k, max_size=3) | st.dictionaries(st.text(), k,
+                                                                          max_size=3),
+                    max_leaves=15))
+def test_a_models_answer_is_a_name_or_an_input_error(monkeypatch, answer):
+    from qtune import bench
+
+    monkeypatch.setattr(bench, "request_json", lambda url: answer)
+    try:
+        name, root = bench.served_model("http://127.0.0.1:1")
+        assert isinstance(name, str)
+    except InputError:
+        pass
