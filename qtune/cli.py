@@ -711,6 +711,13 @@ def emit(
 
     if output is not None:  # before the profile is read
         check_target(output, "-o", force=force, inputs=(profile,))
+    if prometheus_url is not None and redact(prometheus_url) != prometheus_url:
+        # Secrets by shape (user-info, ?token=...): a manifest is no place for one.
+        from qtune.errors import InputError
+
+        raise InputError(f"--prometheus-url {prometheus_url}: holds a secret",
+                         hint="give KEDA its credentials in a TriggerAuthentication "
+                         "(a Kubernetes Secret), not in the URL")
     prof = Profile.load(profile)
     text = do_emit(prof, format, image, autoscale, max_replicas, prometheus_url)
     warnings = _provenance(prof)

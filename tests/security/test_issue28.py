@@ -115,10 +115,18 @@ def test_secrets_are_masked_by_shape(tmp_path, monkeypatch, capsys):
         rc, out, err, took = run_cli(args, monkeypatch, capsys)
         check_outcome(rc, out, err, took, (1,))
     # secret-looking query parameters never reach a manifest
-    rc, out, err, took = run_cli(["emit", "p.yaml", "-f", "kubernetes", "--autoscale",
-                                  "keda", "--prometheus-url",
-                                  f"http://p:9090/?token={SECRET}"], monkeypatch, capsys)
-    check_outcome(rc, out, err, took, (0, 1))
+    d = sample_profile().model_dump(mode="json")
+    d["metrics"]["objective"]["name"] = "capacity"  # (a rate to scale on)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+    for query in (f"?token={SECRET}", f"?access_token={SECRET}", f"?x=1&api_key={SECRET}"):
+        rc, out, err, took = run_cli(["emit", "c.yaml", "-f", "kubernetes", "--autoscale",
+                                      "keda", "--prometheus-url", f"http://p:9090/{query}"],
+                                     monkeypatch, capsys)
+        check_outcome(rc, out, err, took, (1,))
+    rc, out, err, took = run_cli(["emit", "c.yaml", "-f", "kubernetes", "--autoscale",
+                                  "keda", "--prometheus-url", "http://p:9090/"],
+                                 monkeypatch, capsys)
+    check_outcome(rc, out, err, took, (0,))
     # a profile's study.storage holding a libpq password is refused
     _profile(tmp_path / "q.yaml", study={"storage": f"postgresql://u@h/d?password={SECRET}",
                                          "name": "s", "trial": 1, "trials_run": 3})
