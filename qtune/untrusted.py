@@ -92,35 +92,6 @@ def loads(text: str | bytes, what: str, *, max_bytes: int = MAX_JSON_BYTES,
                          hint="check the file or the server's answer") from None
 
 
-def finite(v: Any, what: str, lo: float | None = None, hi: float | None = None) -> float:
-    """A number from untrusted data: a real number (not a bool), finite, and
-    within [lo, hi] where given: a range every emitter can write."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise InputError(f"{what}: {printable(repr(v))[:60]} is not a number",
-                         hint="give a number")
-    if isinstance(v, int) and v.bit_length() > 100:  # (str() of a huge int raises)
-        raise InputError(f"{what}: an integer too long", hint="give a plausible number")
-    f = float(v)
-    if not math.isfinite(f):
-        raise InputError(f"{what}: {f} is not a finite number", hint="give a finite number")
-    if (lo is not None and f < lo) or (hi is not None and f > hi):
-        raise InputError(f"{what}: {v:g} is outside {lo:g}..{hi:g}"
-                         if lo is not None and hi is not None else f"{what}: {v:g} out of range",
-                         hint="give a plausible value")
-    return f
-
-
-def ascii_int(text: str, what: str, hint: str) -> int:
-    """An integer written in ASCII digits only (``int()`` accepts Unicode
-    digits such as '٣' that a unit file or systemd cannot parse)."""
-    t = text.strip()
-    body = t[1:] if t[:1] in "+-" else t
-    if not body or not body.isascii() or not body.isdigit() or len(body) > MAX_INT_DIGITS:
-        raise InputError(f"{what}: {printable(text)[:40]!r} is not a whole number "
-                         "in ASCII digits", hint=hint)
-    return int(t)
-
-
 def redact_tree(obj: Any) -> Any:
     """A copy of a JSON-like value with every string ``redact``-ed (keys too)."""
     if isinstance(obj, str):
