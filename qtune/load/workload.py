@@ -538,6 +538,9 @@ def _parse_dataset(
 ) -> tuple[tuple[str, int | None], ...]:
     path = Path(name)
     where = f"--dataset {path}"
+    from qtune.files import note_input
+
+    note_input(path)  # no output of this command (--csv) may replace it
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

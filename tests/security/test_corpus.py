@@ -304,7 +304,9 @@ STUDY_CASES = [
     Case("report-journal-not-json", lambda e: (
         _journal_raw(e, "garbage\n"), ["report", "s"])[1], (1,)),
     Case("report-csv-onto-journal", lambda e: (
-        _journal(e), ["report", "s", "--csv", "studies/s.log"])[1], (0, 1)),
+        _journal(e), ["report", "s", "--csv", "studies/s.log"])[1], (1,)),
+    Case("report-html-onto-journal", lambda e: (
+        _journal(e), ["report", "s", "--html", "studies/s.log", "--force"])[1], (1,)),
     Case("report-missing-study", lambda e: ["report", "nope"], (1,)),
     Case("report-study-traversal", lambda e: ["report", "../../etc/passwd"], (1,)),
     Case("dashboard-not-installed", lambda e: ["dashboard", "s"], (1,)),
@@ -365,6 +367,9 @@ _UNICODE_ARGS = [
 ]
 CASES += [Case(f"bench-unicode-{name}", lambda e, extra=extra: [
     "bench", "--url", "http://127.0.0.1:1", *extra], (1, 2)) for name, extra in _UNICODE_ARGS]
+CASES.append(Case("bench-csv-onto-dataset", lambda e: (
+    (e.work / "d.jsonl").write_text('{"prompt": "hi"}\n'),
+    [*_bench("--dataset", "d.jsonl", "--csv", "d.jsonl")(e)])[1], (1,), _models("m")))
 CASES.append(Case("search-levels-unicode", lambda e: [
     "search", "--objective", "pareto", "--levels", "\u0661,\u0662"], (1, 2)))
 
