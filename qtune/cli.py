@@ -167,12 +167,18 @@ def _root(
     ] = False,
 ) -> None:
     _state["debug"] = debug
+    from qtune import files
+
+    files.reset()  # what the last command (in this process) read is not this one's input
 
 
 def _print_json(obj: Any) -> None:
+    # Strict (no NaN), then secrets by shape in every string (a server's
+    # error text too).
     from qtune import jsonout
+    from qtune.untrusted import redact_tree
 
-    sys.stdout.write(jsonout.dumps(obj) + "\n")
+    sys.stdout.write(jsonout.dumps(redact_tree(jsonout.strict(obj))) + "\n")
     _state["json_printed"] = True
 
 
@@ -231,7 +237,7 @@ def probe(
     d = facts.to_dict()
     if capture is not None:
         n = do_capture(capture)
-        console.err.print(f"captured {n} files into {capture}")
+        console.err.print(f"captured {n} files into {capture}")  # (printed visibly)
     if json_out:
         _print_json(d)
     else:
@@ -861,7 +867,9 @@ def _bench_csv(res: dict[str, Any]) -> str:
                 for k, runs in enumerate(res["runs"]) for i, r in enumerate(runs)]
     else:
         rows = [{m: metric_value(res, m) for m in KEY_METRICS}]
-    return pd.DataFrame(rows).to_csv(index=False)
+    from qtune.files import csv_text
+
+    return csv_text(pd.DataFrame(rows))
 
 
 def _provenance(profile: Any, engine: bool = True) -> list[str]:
@@ -917,7 +925,14 @@ def emit(
 
     output = output or output_old
     if output is not None:  # before the profile is read
-        check_target(output, "-o", force=force)
+        check_target(output, "-o", force=force, inputs=(profile,))
+    if prometheus_url is not None and redact(prometheus_url) != prometheus_url:
+        # Secrets by shape (user-info, ?token=...): a manifest is no place for one.
+        from qtune.errors import InputError
+
+        raise InputError(f"--prometheus-url {prometheus_url}: holds a secret",
+                         hint="give KEDA its credentials in a TriggerAuthentication "
+                         "(a Kubernetes Secret), not in the URL")
     prof = Profile.load(profile)
     text = do_emit(prof, format, image, autoscale, max_replicas, prometheus_url, user,
                    allow_tmp)
@@ -926,7 +941,7 @@ def emit(
     for w in warnings:
         console.warn(f"this host differs from the one the profile was tuned on: {w}")
     if output is not None:
-        write_atomic(output, text, force=force, what="-o")
+        write_atomic(output, text, force=force, what="-o", inputs=(profile,))
         if not json_out:
             console.err.print(f"wrote {output}")
     if json_out:
@@ -989,8 +1004,12 @@ def main() -> None:
             raise
         from qtune import console
 
-        console.err.print(f"internal error: {redact(type(exc).__name__)}: "
-                          f"{redact(str(exc))[:300]}")
+        try:  # the error's own text is data: it may not even convert
+            detail = redact(str(exc))[:300]
+        except Exception:
+            detail = "(its message cannot be shown)"
+        # (console: no markup, control characters shown escaped, one line)
+        console.err.print(f"internal error: {redact(type(exc).__name__)}: {detail}")
         console.err.print("hint: re-run with --debug for the traceback, and report it")
         if _json_wanted():
             _json_error(f"internal error: {redact(type(exc).__name__)}: "

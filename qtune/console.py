@@ -7,19 +7,59 @@ machine-readable; the JSON itself is printed by the CLI.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.live import Live
+from rich.segment import Segment
 from rich.table import Table
-from rich.text import Text
+from rich.text import Text as _RichText
 
 from qtune.errors import QtuneError, mask_url, printable, redact
 from qtune.metrics import overload_text
 
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+
+class Text(_RichText):
+    """Rich's Text, its content one line: every Text qtune builds may hold
+    data (a trial's detail, a model id), and a newline in it would draw a
+    line of its own ("error: ..." forged) that the console cannot tell from
+    layout.  Rich's own Text objects (tables, wrapping) are not this class."""
+
+    def __init__(self, text: str = "", *args: Any, **kwargs: Any) -> None:
+        super().__init__(printable(text), *args, **kwargs)
+
+
+class _Console(Console):
+    """A console that never interprets what it is given: no markup (a model
+    id ``evil[/]`` is text, not a closing tag that raises), no emoji codes,
+    and every control character in the text drawn visibly (``\\x1b``) at the
+    last step, where the segments are joined.  Rich's own escape sequences
+    (styles, cursor moves of a live display) are separate segments and pass;
+    only the characters that came from text are escaped, so every path
+    (tables, Text objects, plain strings, the internal-error line) is covered
+    in one place instead of at each call site."""
+
+    def render_str(self, text: str, **kwargs: Any) -> _RichText:
+        # A string given to print() (or a table cell) is one line of text:
+        # a newline in a path or a model id must not start a forged line.
+        return super().render_str(printable(text), **kwargs)
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            seg if seg.control or seg.text == "\n"
+            else Segment(_visible(seg.text), seg.style, seg.control)
+            for seg in buffer)
+
+
+def _visible(text: str) -> str:
+    # Newlines are the layout's own line breaks; everything else printable().
+    return "\n".join(printable(part) for part in text.split("\n")) if text else text
+
+
+err = _Console(stderr=True, highlight=False, markup=False, emoji=False)
+out = _Console(highlight=False, markup=False, emoji=False)
 
 
 def render_error(exc: QtuneError) -> None:

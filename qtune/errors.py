@@ -21,11 +21,13 @@ records it as data and goes on.
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
 
 # Shapes of common access tokens, masked before anything is printed or
 # written.  Lengths are the shortest each issuer hands out, less a margin:
 # a short "hf_" value (6+) is still a token, a 5-letter word after "sk-" is not.
+# Every pattern here starts with a literal (or a bounded name) and has no
+# nested repetition: the scan is linear in the text's length (a 64 KB value
+# must cost milliseconds, not seconds).
 _TOKEN_SHAPES = (
     r"hf_[A-Za-z0-9]{6,}",  # Hugging Face
     r"gh[poushr]_[A-Za-z0-9]{20,}",  # GitHub classic tokens (ghp_, gho_, ghs_...)
@@ -33,44 +35,97 @@ _TOKEN_SHAPES = (
     r"sk-[A-Za-z0-9_-]{16,}",  # OpenAI and look-alikes
     r"xox[abprs]-[A-Za-z0-9-]{10,}",  # Slack
     r"(?:AKIA|ASIA)[A-Z0-9]{16}",  # AWS access key ids
+    r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*",  # JWTs
 )
 _SECRET_RE = re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(_TOKEN_SHAPES) + r")")
-# scheme://user:password@host: the password goes, the user stays (it says
-# which account, and is not a secret by itself).
-_USERINFO_RE = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)"
-                          r"(?P<pw>[^\s/]*)@")
+# "Authorization: Bearer X" / "Basic X" as echoed in errors and logs.
+_AUTH_RE = re.compile(r"(?i)\b(bearer|basic|token)(\s+)[A-Za-z0-9._~+/=-]{6,}")
+# Secret-named parameters, in a URL query (?password=), a libpq string
+# (password=x host=y), a form or a flag (--api-key=x): the name is bounded
+# (40 characters before the secret word) so no position starts a long scan.
+SECRET_WORDS = ("password", "passwd", "pwd", "pass", "passphrase", "token", "secret",
+                "api_key", "apikey", "api-key", "access_token", "access-key",
+                "access_key", "private_key", "key", "auth", "authorization",
+                "credential", "credentials", "signature", "sig", "sas", "session")
+_PARAM_RE = re.compile(
+    r"(?i)(?<![A-Za-z0-9_/.])(?P<name>[A-Za-z0-9_.-]{0,40}?(?:"
+    + "|".join(re.escape(w) for w in sorted(SECRET_WORDS, key=len, reverse=True))
+    + r"))(?P<eq>['\"]?(?:\s*=\s*|\s*:\s+|\s*:(?=['\"]))|%3[dD])"
+    r"(?P<q>['\"]?)(?P<val>[^\s&;#'\",}]+)")
+# Engine flags whose *next* argument is a secret (--api-key VALUE).
+SECRET_FLAGS = ("--api-key", "--token", "--hf-token", "--ssl-keyfile-password",
+                "--admin-api-key", "--password")
+_FLAG_RE = re.compile(r"(?<![\w-])(?P<flag>" + "|".join(re.escape(f) for f in SECRET_FLAGS)
+                      + r")(?P<sp>\s+|['\"],\s*['\"])(?P<val>[^\s'\"]+)")
+_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}\Z")
+
 SECRET_ENV_NAMES = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|APIKEY)", re.I)
 # Control characters in a refused value would let it draw its own lines
 # (a fake "hint:") or terminal escapes into an error.
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Unicode line and bidi-override characters too: they reorder or break what
+# a terminal shows as much as an escape sequence does.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _mask_userinfo(text: str) -> str:
+    """scheme://user:password@host: the password goes, whatever characters
+    it holds ('/', '?', '#', '@' too: to the last '@' of the word), the user
+    stays (it says which account).  One pass over the text: each '://' is
+    found with str.find and its word is scanned once."""
+    out: list[str] = []
+    pos = 0
+    while (i := text.find("://", pos)) >= 0:
+        # A scheme is at most 32 characters: look back no further.
+        if not _SCHEME_RE.search(text, max(0, i - 32), i):
+            out.append(text[pos:i + 3])
+            pos = i + 3
+            continue
+        start = i + 3
+        end = start
+        n = len(text)
+        # To the next whitespace: a password may hold quotes and brackets
+        # too (masking a little more of a quoted word is safe, less is not).
+        while end < n and not text[end].isspace():
+            end += 1
+        word = text[start:end]
+        at = word.rfind("@")
+        colon = word.find(":")
+        user = word[:colon]
+        if at > 0 and 0 <= colon < at and not any(c in user for c in "/?#"):
+            word = word[:colon + 1] + "***" + word[at:]
+        elif at > 0 and not any(c in word[:at] for c in "/?#"):
+            # user info without a colon may be a bare token (https://TOKEN@host)
+            word = "***" + word[at:] if at >= 16 else word
+        out.append(text[pos:start] + word)
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def redact(text: str) -> str:
-    """Mask anything that looks like an access token or a URL's password."""
-    text = _USERINFO_RE.sub(lambda m: m["head"] + "***@", text)
+    """Mask anything that looks like a secret: URL user-info passwords,
+    secret-named parameters, secret flags' values, token shapes.  Linear in
+    ``len(text)``; never raises."""
+    text = _mask_userinfo(str(text))  # (str(): a caller's exception text, say)
+    text = _AUTH_RE.sub(lambda m: f"{m[1]}{m[2]}***", text)
+    text = _PARAM_RE.sub(lambda m: f"{m['name']}{m['eq']}{m['q']}***"
+                         if m["val"] != "***" else m[0], text)
+    text = _FLAG_RE.sub(lambda m: f"{m['flag']}{m['sp']}***", text)
     return _SECRET_RE.sub("***", text)
 
 
-# A database (or storage proxy) URL's password as SQLAlchemy reads it: from the ':' after the
-# user to an '@', with '/', '?', '#', '[' or spaces left unencoded (it still
-# connects), where urlsplit ends the user info early or gives up.  To the
-# last '@': masking too much is safe, too little is not.
+# A database (or storage proxy) URL's password as SQLAlchemy reads it: from
+# the ':' after the user to the last '@', spaces included (it still
+# connects).  Anchored at the start, so one scan: linear.
 _DB_USERINFO_RE = re.compile(
-    r"(?P<head>(?:postgres(?:ql)?|mysql|mariadb|oracle|mssql|sqlite|grpc)(?:\+\w+)?://[^:/]*:)"
-    r".*@", re.S | re.I)
+    r"(?P<head>(?:postgres(?:ql)?|mysql|mariadb|oracle|mssql|sqlite|grpc)(?:\+\w+)?"
+    r"://[^:/]*:).*@", re.S | re.I)
 
 
 def mask_url(url: str) -> str:
-    """``url`` fit to print: the user-info password and any token masked.
-    Never raises, whatever the text."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is not None:
-            user = parts.username or ""
-            host = parts.netloc.rpartition("@")[2]
-            url = parts._replace(netloc=f"{user}:***@{host}").geturl()
-    except ValueError:  # e.g. an invalid port or IPv6 literal: mask by pattern
-        pass
+    """``url`` (the whole text is one URL) fit to print: the user-info
+    password (whatever characters it holds), secret-named query parameters
+    and any token masked.  Never raises, whatever the text."""
     if m := _DB_USERINFO_RE.match(url):
         url = m["head"] + "***@" + url[m.end():]
     return redact(url)

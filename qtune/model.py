@@ -177,8 +177,11 @@ def _hf_cache_snapshot(repo_id: str) -> Path | None:
 
 
 def _info(path: Path, served: str, source: str, hf_id: str | None) -> ModelInfo:
+    from qtune.untrusted import loads
+
     try:
-        config = json.loads((path / "config.json").read_text())
+        # Bounded (size, depth, finite numbers): a config.json is untrusted.
+        config = loads((path / "config.json").read_bytes(), "config.json")
     except (OSError, ValueError) as exc:
         raise ModelError(
             f"cannot read {path / 'config.json'}: {exc}",

@@ -90,6 +90,9 @@ _TOKEN_VALUE = re.compile(
 _BIDI = {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
 _MAX_STRING = 65536  # a systemd line is at most 1 MiB; a compile config is a few KB
 _MAX_DEPTH = 32
+# Every number a profile holds, so that each emitter writes it plainly
+# (no exponent past what Go, YAML and JSON readers all take, no inf/NaN).
+_MAX_NUMBER = 1e15
 
 
 def _bad_char(text: str) -> str | None:
@@ -144,6 +147,13 @@ def _check_strings(value: object, where: tuple[object, ...], depth: int = 0) -> 
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             _check_strings(v, (*where, i), depth + 1)
+    elif isinstance(value, float) and not (math.isfinite(value) and abs(value) <= _MAX_NUMBER):
+        # Anywhere (metrics.best.request_throughput too): inf became
+        # "threshold: inf" in KEDA and Infinity in Grafana JSON.
+        raise _fail(where, f"must be a finite number within ±{_MAX_NUMBER:g}")
+    elif isinstance(value, int) and not isinstance(value, bool) and \
+            abs(value) > _MAX_NUMBER:
+        raise _fail(where, f"must be a number within ±{_MAX_NUMBER:g}")
     elif value is not None and not isinstance(value, (bool, int, float)):
         raise _fail(where, f"is a {type(value).__name__}; profiles hold strings, "
                     "numbers, lists and mappings")
@@ -250,8 +260,10 @@ class _Objective(_Open):
     name: Annotated[str, _pattern(_OBJECTIVE, "is not an objective name "
                                               "(like e2e_p99 or pareto:ttft_p99)")]
     direction: Literal["minimize", "maximize", "pareto"] | None = None
-    best: Finite | None = None
-    baseline: Finite | None = None
+    # A rate or latency every emitter (KEDA threshold, Grafana JSON) can
+    # write as a plain number.
+    best: Annotated[Finite, Field(ge=-1e12, le=1e12)] | None = None
+    baseline: Annotated[Finite, Field(ge=-1e12, le=1e12)] | None = None
 
 
 class _Metrics(_Open):
@@ -324,6 +336,16 @@ class Profile(_Strict):
                 raise _fail((i + 1,), f"the value of {_show(a)} is a secret", _SECRET_HINT)
             if _TOKEN_VALUE.fullmatch(val if eq and flag.startswith("-") else a):
                 raise _fail((i,), "looks like an access token", _SECRET_HINT)
+        # As the engine's argparse reads it: "--api-ke X" is --api-key X and
+        # "--po 9000" is --port 9000 (allow_abbrev), which the checks above
+        # and every emitter would miss.
+        from qtune.engines.base import abbreviated_flag
+
+        if (bad := abbreviated_flag(v[1:])) is not None:
+            i, given, full = bad
+            raise _fail((i + 1,), f"{_show(given)} abbreviates {_show(full)}",
+                        f"write the flag in full ({_show(full)}): the engine reads a "
+                        "prefix as the whole flag, qtune's checks do not")
         return v
 
     @field_validator("env")

@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from qtune.errors import InputError, StudyError, mask_url, printable
-from qtune.files import check_target, write_atomic
+from qtune.files import check_target, csv_text, write_atomic
 from qtune.objectives import get_objective
 from qtune.recommendation import Recommendation, recommend, unit_of
 from qtune.search.choice import engine_summary, summary_lines
@@ -663,7 +663,7 @@ def report(name: str, storage: str | None, *, csv: Path | None = None,
     df = trials_frame(study)
     imp = importances(study)
     if csv:
-        write_atomic(csv, df.to_csv(index=False), force=force, what="--csv")
+        write_atomic(csv, csv_text(df), force=force, what="--csv")  # formula-safe cells
     if parquet:
         import io
 

@@ -23,7 +23,6 @@ Knows nothing of any engine.  The rules it enforces (ecosystem.md §5):
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import re
 import shutil
@@ -215,8 +214,11 @@ class Server:
 
     def _get(self, path: str) -> tuple[int, bytes]:
         try:
-            with urllib.request.urlopen(self.spec.base_url + path, timeout=2) as r:
-                return r.status, r.read()
+            # qtune.load.http's bounded GET: no redirect, a whole-request
+            # deadline, a body cap, even for the server qtune started.
+            from qtune.load.http import request_bytes
+
+            return 200, request_bytes(self.spec.base_url + path, timeout=2)
         except urllib.error.HTTPError as e:
             return e.code, b""
         except (OSError, ValueError):
@@ -232,7 +234,9 @@ class Server:
         if status != 200:
             return False
         try:
-            ids = [m.get("id") for m in json.loads(body).get("data", [])]
+            from qtune.untrusted import loads
+
+            ids = [m.get("id") for m in loads(body, self.spec.models_path).get("data", [])]
         except (ValueError, AttributeError):
             return False
         return self.spec.served_model in ids

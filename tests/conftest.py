@@ -34,6 +34,12 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     # Generated tokenizers and the embedded model go to a per-session cache,
     # never the user's.
     monkeypatch.setenv("QTUNE_CACHE", str(tmp_path_factory.getbasetemp() / "qcache"))
+    # The inputs and own folders qtune.files remembers are one command's (one
+    # process's): tests that run several commands in one process start clean.
+    from qtune import files
+
+    monkeypatch.setattr(files, "_INPUTS", set())
+    monkeypatch.setattr(files, "_OWN_FOLDERS", set())
 
 
 @pytest.fixture

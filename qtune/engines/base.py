@@ -378,6 +378,39 @@ class Engine(abc.ABC):
         return text
 
 
+# Flags qtune reads or checks in a profile's argv, of every engine: where the
+# server listens and what it serves (emitters publish, health-check and mount
+# from them) and the secret-bearing ones (refused in a profile).  A prefix of
+# one of them is what argparse (allow_abbrev, vLLM's and SGLang's default)
+# reads as the whole flag.
+CHECKED_FLAGS = ("--host", "--port", "--model", "--model-path", "--tokenizer",
+                 "--tokenizer-path", "--served-model-name", "--uds", "--api-key",
+                 "--admin-api-key", "--hf-token", "--token", "--ssl-keyfile",
+                 "--ssl-certfile", "--ssl-ca-certs", "--ssl-keyfile-password",
+                 "--password", "--secret", "--download-dir", "--config")
+
+
+def abbreviated_flag(args: Sequence[str], known: Sequence[str] = CHECKED_FLAGS
+                     ) -> tuple[int, str, str] | None:
+    """The first argument (index, as given, the flag it stands for) that
+    argparse would read as an abbreviation of one of ``known``: a long flag
+    that is not itself known but a strict prefix of a known one.  None when
+    there is none.  Arguments after ``--`` are positional, as for argparse."""
+    known_set = set(known)
+    for i, a in enumerate(args):
+        if a == "--":
+            break
+        if not a.startswith("--") or len(a) <= 2:
+            continue
+        name = a.split("=", 1)[0]
+        if name in known_set:
+            continue
+        full = [k for k in known if k.startswith(name)]
+        if full:
+            return i, name, full[0]
+    return None
+
+
 def int_flag(argv: Sequence[str], flag: str) -> int | None:
     """The value of ``flag`` in a launch command, when it is set there."""
     if flag in argv[:-1]:

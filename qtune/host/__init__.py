@@ -11,7 +11,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -431,34 +430,35 @@ def findings(facts: HostFacts) -> list[Finding]:
 
 def capture(dest: Path, *, root: Path = Path("/"), nvml: Any = None) -> int:
     """Copy the /sys and /proc files the probe reads into ``dest`` (a
-    fixture or a bug report), plus NVML answers as ``nvml.json``."""
+    fixture or a bug report), plus NVML answers as ``nvml.json``.  Every file
+    goes through ``qtune.files.Folder``: never through a link inside ``dest``."""
     import glob
 
+    from qtune.files import Folder
+
     n = 0
-    for pattern in PROBED_GLOBS:
-        for src in glob.glob(str(root / pattern)):
-            rel = Path(src).relative_to(root)
-            try:
-                data = Path(src).read_bytes()
-            except OSError:
-                continue
-            out = dest / rel
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(data)
-            n += 1
-    report = read_gpus(nvml, root)
-    for g in report.gpus:
-        bdf = g.pci_bus_id.lower()
-        bdf = bdf[4:] if len(bdf.split(":")[0]) == 8 else bdf
-        for name in ("numa_node", "local_cpulist"):
-            dev_file = root / "sys/bus/pci/devices" / bdf / name
-            if dev_file.exists():
-                out = dest / dev_file.relative_to(root)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(dev_file, out)
+    with Folder(dest, "--capture") as folder:
+        for pattern in PROBED_GLOBS:
+            for src in glob.glob(str(root / pattern)):
+                rel = Path(src).relative_to(root)
+                try:
+                    data = Path(src).read_bytes()
+                except OSError:
+                    continue
+                folder.write(rel, data)
                 n += 1
-    (dest / "nvml.json").write_text(jsonout.dumps(record_nvml(nvml), indent=1) + "\n")
-    (dest / "gpus.json").write_text(
-        jsonout.dumps(dataclasses.asdict(report), indent=1) + "\n"
-    )
+        report = read_gpus(nvml, root)
+        for g in report.gpus:
+            bdf = g.pci_bus_id.lower()
+            bdf = bdf[4:] if len(bdf.split(":")[0]) == 8 else bdf
+            for name in ("numa_node", "local_cpulist"):
+                dev_file = root / "sys/bus/pci/devices" / bdf / name
+                try:
+                    data = dev_file.read_bytes()
+                except OSError:
+                    continue
+                folder.write(dev_file.relative_to(root), data)
+                n += 1
+        folder.write("nvml.json", jsonout.dumps(record_nvml(nvml), indent=1) + "\n")
+        folder.write("gpus.json", jsonout.dumps(dataclasses.asdict(report), indent=1) + "\n")
     return n + 2

@@ -290,7 +290,7 @@ async def _reset_prefix_cache(session: aiohttp.ClientSession, base_url: str,
     phase itself."""
     for path in paths:
         try:
-            async with session.post(base_url.rstrip("/") + path,
+            async with session.post(base_url.rstrip("/") + path, allow_redirects=False,
                                     timeout=aiohttp.ClientTimeout(total=30)) as r:
                 if r.status == 200:
                     return True

@@ -25,7 +25,6 @@ and output tok/s came out negative).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 
 from qtune.launch import IGNORE_EOS
+from qtune.untrusted import loads
 
 
 @dataclass(slots=True)
@@ -172,11 +172,14 @@ async def send(
     try:
         async with stall:
             async with session.post(
-                url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+                url, json=body, timeout=aiohttp.ClientTimeout(total=timeout),
+                allow_redirects=False,  # never re-send credentials elsewhere
             ) as resp:
                 if resp.status != 200:
-                    # errors="replace": a proxy's binary error page must not raise.
-                    text = (await resp.text(errors="replace"))[:200].replace("\n", " ")
+                    # The first 2 KB only (an error page may be huge);
+                    # errors="replace": a proxy's binary page must not raise.
+                    head = await resp.content.read(2048)
+                    text = head.decode("utf-8", "replace")[:200].replace("\n", " ")
                     s.error = f"HTTP {resp.status}: {text}"
                     return s
                 # aiohttp yields whole lines even when a TCP read split an event.
@@ -192,7 +195,7 @@ async def send(
                         break  # some servers keep the connection open after it
                     now = time.perf_counter()
                     try:
-                        event = json.loads(data)
+                        event = loads(data, "SSE event")
                         if not isinstance(event, dict):
                             raise TypeError("not a JSON object")
                         if "error" in event:
@@ -201,13 +204,15 @@ async def send(
                             s.error = f"server error mid-stream: {msg}"
                             return s
                         choices = event.get("choices") or []
+                        if not isinstance(choices, list):
+                            raise TypeError("choices is not a list")
                         has_text = bool(choices) and bool(_delta_text(choices[0]))
                         usage = event.get("usage")
                         if usage:
                             if not isinstance(usage, dict):
                                 raise TypeError("usage is not an object")
                             usage_seen = usage  # running counts: keep the last
-                    except (ValueError, TypeError, AttributeError):
+                    except (ValueError, TypeError, AttributeError, KeyError, IndexError):
                         # Not JSON, or JSON of another shape ([...], null, a
                         # string, choices that are not objects): a failed
                         # request, never an exception out of send().

@@ -38,6 +38,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from qtune.launch import MetricNames
+from qtune.load.http import read_capped
 from qtune.metrics import spec_acceptance
 
 # engine_peaks key of the per-engine peak of running + waiting requests
@@ -102,11 +103,13 @@ class MetricsWatcher:
         """One read; ``during`` the phase its gauges count towards the
         peaks (before or after it they read an idle server)."""
         try:
-            async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=5)) as r:
+            async with session.get(self.url, timeout=aiohttp.ClientTimeout(total=5),
+                                   allow_redirects=False) as r:
                 if r.status != 200:
                     return None
-                snap = parse(await r.text(), self.names.engine_label)
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+                body = await read_capped(r)
+                snap = parse(body.decode("utf-8", "replace"), self.names.engine_label)
+        except (aiohttp.ClientError, TimeoutError, ValueError, OSError, ArithmeticError):
             return None
         self.scrapes += 1
         if self.first is None:

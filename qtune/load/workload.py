@@ -7,7 +7,6 @@ come from flags or from a ``--workload FILE.yaml`` with the same keys.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import random
 import re
@@ -32,15 +31,16 @@ class Lengths:
     def parse(cls, value: int | str, flag: str) -> Lengths:
         text = str(value).strip()
         try:
-            if re.fullmatch(r"\d+", text):
+            # ASCII digits (re.A): int() would take '٣' that no engine flag does.
+            if re.fullmatch(r"\d+", text, re.A):
                 n = int(text)
                 if n >= 1:
                     return cls("fixed", n)
-            elif m := re.fullmatch(r"(\d+)\s*[-:]\s*(\d+)", text):
+            elif m := re.fullmatch(r"(\d+)\s*[-:]\s*(\d+)", text, re.A):
                 lo, hi = int(m[1]), int(m[2])
                 if 1 <= lo <= hi:
                     return cls("uniform", lo, hi)
-            elif m := re.fullmatch(r"normal:(\d+):(\d+)", text):
+            elif m := re.fullmatch(r"normal:(\d+):(\d+)", text, re.A):
                 return cls("normal", int(m[1]), int(m[2]))
         except ValueError:
             pass
@@ -538,6 +538,9 @@ def _parse_dataset(
 ) -> tuple[tuple[str, int | None], ...]:
     path = Path(name)
     where = f"--dataset {path}"
+    from qtune.files import note_input
+
+    note_input(path)  # no output of this command (--csv) may replace it
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -547,13 +550,15 @@ def _parse_dataset(
     except OSError as exc:
         raise InputError(f"{where}: cannot read ({exc.strerror})",
                          hint="ShareGPT JSON or JSONL with 'prompt' lines") from None
+    from qtune.untrusted import loads
+
     rows: list[tuple[str, int | None]] = []
     if path.suffix == ".jsonl" or not text.lstrip().startswith("["):
         for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = loads(line, f"{where} line {i}")
                 prompt = obj["prompt"]
                 out = obj.get("output_tokens")
                 if not isinstance(prompt, str) or (
@@ -569,7 +574,7 @@ def _parse_dataset(
             rows.append((prompt, out))
     else:
         try:
-            data = json.loads(text)
+            data = loads(text, where, max_bytes=1 << 30)
         except ValueError as exc:
             raise InputError(f"{where}: not valid JSON ({exc})",
                          hint="ShareGPT JSON (a list of conversations) or JSONL") from None

@@ -316,6 +316,8 @@ def parse_levels(text: str | None) -> tuple[float, ...]:
     if not text:
         return ()
     try:
+        if not text.isascii():  # float() reads '٣' as 3: no flag of ours does
+            raise ValueError
         vals = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise InputError(f"--levels: cannot read {text!r}",

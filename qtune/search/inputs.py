@@ -120,6 +120,8 @@ def prepare(cfg: TuneConfig, *, host: HostFacts | None = None) -> Prepared:
     if cfg.study is not None:
         # A named study's files are known now: check them before the probe.
         url, _ = study_files(cfg, cfg.study)
+        if cfg.out is not None:  # again, now that the study's files are known inputs
+            check_target(cfg.out, "--out", force=cfg.force)
         if cfg.pick is not None:
             # A re-pick reads a finished study: refuse a missing one before
             # anything else (no probe, no engine needed to say so).

@@ -14,7 +14,7 @@ import optuna
 from qtune import __version__
 from qtune.engines import gpus_used
 from qtune.errors import InputError, mask_url, redact
-from qtune.files import write_atomic
+from qtune.files import csv_text, write_atomic
 from qtune.host import placement
 from qtune.metrics import overload_text
 from qtune.objectives import pareto_latency
@@ -295,7 +295,7 @@ def trials_frame(study: optuna.Study) -> Any:
 def _export_trials(study: optuna.Study, path: Path) -> None:
     # qtune's own file under studies/: replaced even if read-only, but never
     # through a link or over a device (write_atomic checks).
-    write_atomic(path, trials_frame(study).to_csv(index=False), force=True,
+    write_atomic(path, csv_text(trials_frame(study)), force=True,
                  what="trials table")
 
 

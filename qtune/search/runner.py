@@ -48,6 +48,9 @@ from qtune.search.trial import estimate_memory, refuse, run_trial
 
 
 def tune(cfg: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
+    from qtune import files
+
+    files.reset()  # one call is one command: its inputs are the ones it reads
     prep = prepare(cfg)
     return run_study(prep, reporter or NullReporter())
 
@@ -83,6 +86,10 @@ def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     reporter.study_started(_study_info(prep))
     started = fleet.started_at(study) if is_fleet else time.monotonic()
     stop_reason = None
+    if cfg.pick is not None:
+        # --pick: the profile of one trial of the study as it is; nothing
+        # runs and nothing is written to the study (its storage is read-only).
+        return finish(_shape(prep, study, reporter), study)
     if cfg.finish:
         # --finish: the confirmation and the profile of the study as it is.
         prep = _shape(prep, study, reporter)
@@ -196,6 +203,18 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
     database makes that atomic on the name), or one resuming an opening."""
     cfg = prep.cfg
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if cfg.pick is not None:
+        # --pick reads a finished study and writes only the profile: the
+        # storage is read-only by construction (no trial failed, no attribute
+        # rewritten, no table created).
+        try:
+            study = optuna.load_study(study_name=prep.study_name,
+                                      storage=open_storage(prep.storage_url, read_only=True))
+        except KeyError:
+            raise StudyError(f"--pick: no study {prep.study_name} in "
+                             f"{mask_url(prep.storage_url)}",
+                             hint="--pick writes a profile of an existing study") from None
+        return study, False
     is_fleet = fleet.is_fleet(prep.storage_url)
     storage = open_storage(prep.storage_url,
                            heartbeat_s=cfg.heartbeat_s if is_fleet else None)
@@ -511,7 +530,8 @@ def _shape(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Prepared:
         shaped, notes = _shape_one(prep, study, None)
         for n in notes:
             reporter.note(n)
-        study.set_user_attr(StudyAttr.SPACE_NOTES, notes)
+        if prep.cfg.pick is None:  # --pick reads the study, never rewrites it
+            study.set_user_attr(StudyAttr.SPACE_NOTES, notes)
         return shaped
     subs: dict[str, Prepared] = {}
     all_notes = []
@@ -520,7 +540,8 @@ def _shape(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Prepared:
         all_notes += [f"{name}: {n}" for n in notes]
     for n in all_notes:
         reporter.note(n)
-    study.set_user_attr(StudyAttr.SPACE_NOTES, all_notes)
+    if prep.cfg.pick is None:
+        study.set_user_attr(StudyAttr.SPACE_NOTES, all_notes)
     first = next(iter(subs.values()))
     return dataclasses.replace(prep, params=first.params, fixed=first.fixed, engines=subs)
 

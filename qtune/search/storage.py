@@ -13,7 +13,7 @@ import optuna
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from qtune.errors import InputError, StudyError, mask_url, printable
-from qtune.files import check_target
+from qtune.files import check_target, note_input, own_folder
 from qtune.host.installed import EngineInstall
 from qtune.search import fleet
 from qtune.search.config import TuneConfig, check_study_name
@@ -53,7 +53,15 @@ def storage_path(url: str) -> Path | None:
     if url.startswith("journal://"):
         return Path(url[len("journal://"):])
     if url.startswith("sqlite:///"):
-        rest = url[len("sqlite:///"):].partition("?")[0]
+        # The file as SQLAlchemy reads the URL (percent-decoded, up to '?'),
+        # so that the checks and the read-only open see the file a write would.
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            rest = make_url(url).database or ""
+        except (ArgumentError, ValueError):
+            rest = url[len("sqlite:///"):].partition("?")[0]
         return Path(rest) if rest and rest != ":memory:" else None
     return None
 
@@ -108,10 +116,13 @@ def _storage(cfg: TuneConfig, name: str) -> tuple[str, Path]:
     study_dir = (cfg.studies_dir / name).absolute()
     if cfg.storage:
         check_storage_url(cfg.storage)
+        if (path := storage_path(cfg.storage)) is not None:
+            note_input(path)  # no output of this command may replace it
         return cfg.storage, study_dir
     journal = (cfg.studies_dir / (name + ".log")).absolute()
     if journal.exists() or journal.is_symlink():
         check_journal(journal)
+        note_input(journal)
     return f"journal://{journal}", study_dir
 
 
@@ -119,7 +130,9 @@ def study_files(cfg: TuneConfig, name: str) -> tuple[str, Path]:
     """The storage URL and study folder, with every file the study will
     write checked: the journal, the profile, the trials table."""
     url, study_dir = _storage(cfg, name)
+    own_folder(study_dir)  # qtune's own folders, made when missing
     if cfg.out is None:
+        own_folder(cfg.profiles_dir)
         check_target(cfg.profiles_dir / f"{name}.yaml", "profile", force=cfg.force)
     check_target(study_dir / "trials.csv", "trials table", force=True)
     return url, study_dir
@@ -162,9 +175,18 @@ def open_storage(url: str, *, read_only: bool = False,
     sqlite is opened read-only.  ``heartbeat_s``: a database server shared
     by workers (``qtune.search.fleet``) gets Optuna's heartbeat and retry of
     a dead worker's trial."""
+    if read_only:
+        return ReadOnlyStorage(_open(url, read_only=True))
+    return _open(url, heartbeat_s=heartbeat_s)
+
+
+def _open(url: str, *, read_only: bool = False,
+          heartbeat_s: int | None = None) -> optuna.storages.BaseStorage:
     if url.startswith("grpc://"):
         return _open_proxy(url)
     path = storage_path(url)
+    if path is not None:  # an output of this command must never replace it
+        note_input(path)
     if read_only and path is not None and not path.is_file():
         raise StudyError(f"no storage file {printable(str(path))}",
                          hint="check --study / --storage; report and --pick read an "
@@ -178,8 +200,10 @@ def open_storage(url: str, *, read_only: bool = False,
                 path.parent.mkdir(parents=True, exist_ok=True)
             return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
         if read_only and path is not None:
-            # SQLite's own read-only mode: not even a table is created.
-            url = f"sqlite:///file:{path.absolute()}?mode=ro&uri=true"
+            # SQLite's own read-only mode: not even a table is created.  The
+            # path is percent-encoded: a '#' or '?' in it would otherwise end
+            # the file name and drop ?mode=ro (and create a database).
+            url = sqlite_ro_url(path)
         # No heartbeat on one host: trials a killed run left RUNNING are
         # failed on resume instead (run_study).  A fleet's workers beat
         # their trials themselves (fleet.Heartbeat).  SQLite gets a lock timeout.
@@ -199,7 +223,10 @@ def open_storage(url: str, *, read_only: bool = False,
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             for attempt in range(5):
                 try:
-                    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
+                    # Read-only: never create Optuna's tables in an empty
+                    # database (nor check/migrate its schema version).
+                    return optuna.storages.RDBStorage(
+                        url, engine_kwargs=kwargs, **beat, skip_table_creation=read_only)
                 except (IntegrityError, ProgrammingError) as exc:
                     # Workers started together on an empty database race to
                     # create Optuna's tables (PostgreSQL's IF NOT EXISTS is
@@ -219,6 +246,67 @@ def open_storage(url: str, *, read_only: bool = False,
             f"{exc}".splitlines()[0][:300],
             hint="check the URL; PostgreSQL needs its driver: pip install 'qtune[fleet]'",
         ) from None
+
+
+def sqlite_ro_url(path: Path) -> str:
+    """An SQLAlchemy URL that opens ``path`` with SQLite's ``mode=ro``,
+    whatever characters the path holds."""
+    from urllib.parse import quote
+
+    # Encoded twice: SQLAlchemy decodes the database part once before it
+    # hands "file:...?mode=ro" to SQLite, which decodes it again.  Once
+    # would give SQLite a raw '#' (the rest, ?mode=ro included, a fragment).
+    enc = quote(str(path.absolute()), safe="/").replace("%", "%25")
+    return f"sqlite:///file:{enc}?mode=ro&uri=true"
+
+
+_WRITES = ("create_new_study", "delete_study", "set_study_user_attr",
+           "set_study_system_attr", "create_new_trial", "set_trial_param",
+           "set_trial_state_values", "set_trial_intermediate_value",
+           "set_trial_user_attr", "set_trial_system_attr")
+
+
+class ReadOnlyStorage(optuna.storages.BaseStorage):
+    """A storage whose write methods raise: ``report``, ``check`` and
+    ``--pick`` read a study and by construction cannot append a trial or
+    rewrite an attribute, whatever code path runs."""
+
+    def __init__(self, inner: optuna.storages.BaseStorage) -> None:
+        self._inner = inner
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in _WRITES:
+            def refuse(*_: Any, **__: Any) -> Any:
+                raise StudyError(f"the study is open read-only ({name})",
+                                 hint="report, check and --pick never change a study")
+            return refuse
+        if name in ("_inner", "__class__", "__dict__"):
+            return object.__getattribute__(self, name)
+        inner = object.__getattribute__(self, "_inner")
+        if hasattr(type(inner), name) or name in getattr(inner, "__dict__", {}):
+            return getattr(inner, name)
+        return object.__getattribute__(self, name)
+
+    # (abstract in BaseStorage: delegated through __getattribute__)
+    def create_new_study(self, *a: Any, **k: Any) -> Any: ...
+    def delete_study(self, *a: Any, **k: Any) -> Any: ...
+    def set_study_user_attr(self, *a: Any, **k: Any) -> Any: ...
+    def set_study_system_attr(self, *a: Any, **k: Any) -> Any: ...
+    def get_study_id_from_name(self, *a: Any, **k: Any) -> Any: ...
+    def get_study_name_from_id(self, *a: Any, **k: Any) -> Any: ...
+    def get_study_directions(self, *a: Any, **k: Any) -> Any: ...
+    def get_study_user_attrs(self, *a: Any, **k: Any) -> Any: ...
+    def get_study_system_attrs(self, *a: Any, **k: Any) -> Any: ...
+    def get_all_studies(self, *a: Any, **k: Any) -> Any: ...
+    def create_new_trial(self, *a: Any, **k: Any) -> Any: ...
+    def set_trial_param(self, *a: Any, **k: Any) -> Any: ...
+    def get_trial_id_from_study_id_trial_number(self, *a: Any, **k: Any) -> Any: ...
+    def set_trial_state_values(self, *a: Any, **k: Any) -> Any: ...
+    def set_trial_intermediate_value(self, *a: Any, **k: Any) -> Any: ...
+    def set_trial_user_attr(self, *a: Any, **k: Any) -> Any: ...
+    def set_trial_system_attr(self, *a: Any, **k: Any) -> Any: ...
+    def get_trial(self, *a: Any, **k: Any) -> Any: ...
+    def get_all_trials(self, *a: Any, **k: Any) -> Any: ...
 
 
 # How long a worker waits for the storage proxy to answer when it starts.

@@ -184,11 +184,13 @@ def assert_refused(rc: int, out: str, err: str, needle: str, secret: str | None)
 def test_hostile_profile_is_refused(tmp_path, monkeypatch, capsys, fmt, change, needle,
                                    secret):
     path = write_profile(tmp_path, change)
+    (tmp_path / "out").mkdir()  # (-o makes no folder: issue 28)
     target = tmp_path / "out" / "unit"
     rc, out, err = run_emit([str(path), "--format", fmt, "-o", str(target)],
                             monkeypatch, capsys)
     assert_refused(rc, out, err, needle, secret)
-    assert sorted(os.listdir(tmp_path)) == ["p.yaml"]  # nothing written, no folder
+    assert sorted(os.listdir(tmp_path)) == ["out", "p.yaml"]  # nothing written
+    assert os.listdir(tmp_path / "out") == []
 
 
 def test_created_as_a_yaml_date_is_refused(tmp_path, monkeypatch, capsys):
