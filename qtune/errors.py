@@ -52,11 +52,12 @@ _PARAM_RE = re.compile(
     + "|".join(re.escape(w) for w in sorted(SECRET_WORDS, key=len, reverse=True))
     + r"))(?P<eq>['\"]?(?:\s*=\s*|\s*:\s+|\s*:(?=['\"]))|%3[dD])"
     r"(?P<q>['\"]?)(?P<val>[^\s&;#'\",}]+)")
-# Engine flags whose *next* argument is a secret (--api-key VALUE).
-SECRET_FLAGS = ("--api-key", "--token", "--hf-token", "--ssl-keyfile-password",
-                "--admin-api-key", "--password")
-_FLAG_RE = re.compile(r"(?<![\w-])(?P<flag>" + "|".join(re.escape(f) for f in SECRET_FLAGS)
-                      + r")(?P<sp>\s+|['\"],\s*['\"])(?P<val>[^\s'\"]+)")
+# Flags whose *next* argument is a secret (--api-key VALUE), by shape: any
+# flag whose name holds a secret word (an engine's --api-key, --hf-token,
+# --ssl-keyfile-password, --admin-api-key), not a list of one engine's names;
+# the word ends the name (--tokenizer is no secret).
+_FLAG_RE = re.compile(r"(?<![\w-])(?P<flag>--[a-z0-9-]{0,40}?(?:api-key|token|password|secret))"
+                      r"(?P<sp>\s+|['\"],\s*['\"])(?P<val>[^\s'\"]+)")
 _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}\Z")
 
 SECRET_ENV_NAMES = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|APIKEY)", re.I)

@@ -103,17 +103,18 @@ def test_abbreviated_engine_flags_are_refused(tmp_path, monkeypatch, capsys, ext
 # -- Medium -------------------------------------------------------------------
 def test_secrets_are_masked_by_shape(tmp_path, monkeypatch, capsys):
     weird = f"p@ss/w#rd?{SECRET}"
-    for args in (["bench", "--url", f"http://u:{weird}@127.0.0.1:1"],
-                 ["check", str(_profile(tmp_path / "p.yaml")), "--url",
-                  f"http://u:{weird}@127.0.0.1:1"],
-                 ["storage-proxy", "--storage",
-                  f"postgresql://u@127.0.0.1:1/db?password={SECRET}"],
-                 ["report", "s", "--storage",
-                  f"postgresql://u@127.0.0.1:1/db?password={SECRET}"],
-                 ["emit", "p.yaml", "-f", "kubernetes", "--autoscale", "keda",
-                  "--prometheus-url", f"http://u:{weird}@p:9090"]):
+    # bench and check: no server there, exit 6 (unreachable); the rest: bad input
+    for args, rcs in ((["bench", "--url", f"http://u:{weird}@127.0.0.1:1"], (6,)),
+                      (["check", str(_profile(tmp_path / "p.yaml")), "--url",
+                        f"http://u:{weird}@127.0.0.1:1"], (6,)),
+                      (["storage-proxy", "--storage",
+                        f"postgresql://u@127.0.0.1:1/db?password={SECRET}"], (1,)),
+                      (["report", "s", "--storage",
+                        f"postgresql://u@127.0.0.1:1/db?password={SECRET}"], (1,)),
+                      (["emit", "p.yaml", "-f", "kubernetes", "--autoscale", "keda",
+                        "--prometheus-url", f"http://u:{weird}@p:9090"], (1,))):
         rc, out, err, took = run_cli(args, monkeypatch, capsys)
-        check_outcome(rc, out, err, took, (1,))
+        check_outcome(rc, out, err, took, rcs)
     # secret-looking query parameters never reach a manifest
     d = sample_profile().model_dump(mode="json")
     d["metrics"]["objective"]["name"] = "capacity"  # (a rate to scale on)
