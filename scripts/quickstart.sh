@@ -21,6 +21,8 @@ bash scripts/setup.sh
   --confirm-top 2 --confirm-repeats 1 --speculative "${SPECULATIVE:-off}" \
   --out profiles/quickstart.yaml
 echo; echo "== profiles/quickstart.yaml"; cat profiles/quickstart.yaml
+# What the study found, answer first: what to run and by how much it beat the defaults.
+echo; echo "== qtune report quickstart"; .venv/bin/qtune report quickstart
 # The unit runs as you (the venv and the model cache are yours; /root is
 # closed to any other user), and a clone under /tmp needs /tmp visible to it
 # (PrivateTmp= would hide it; qtune emit refuses such a path otherwise).
