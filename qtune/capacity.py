@@ -22,7 +22,9 @@ default:
    quarter near them); halve (or, after a clear overload, step to just under
    the rate the server did serve) while not;
 3. bisect until the bracket is within the tolerance (10% by default);
-4. re-measure only the answer, over twice the window with fresh prompts; a
+4. re-measure only the answer, over twice the window with fresh prompts
+   (unless the study's confirmation will, on a fresh start:
+   ``CapacityPlan.remeasure``); a
    failed re-measure falls back to the next lower load that held and
    bisects again.  A *soft* failure (only a keeping-up signal) is measured
    again before it decides anything.
@@ -130,6 +132,14 @@ class CapacityPlan:
     # a start and one probe (98 + 33 s): with a deadline a winner cannot
     # overrun, so the gate prices the loser.
     deadline: float | None = None
+    # False: the answer is not re-measured in the trial, because the study's
+    # confirmation measures it again on a fresh start (``--time-budget``
+    # plans one from the first trial on).  The in-trial re-measure over twice
+    # the window was the costliest probe of a trial, and near the knee its
+    # failure restarted the bisection: on one H200 the defaults' search took
+    # 7 probes (274 s), 3 of them re-measures, where 4 bracketed the answer
+    # to the tolerance.  A fresh start is the stronger check of a lucky pass.
+    remeasure: bool = True
 
     def __post_init__(self) -> None:
         if self.procedure not in (FAST, FULL):
@@ -361,12 +371,17 @@ class _Search:
             return self.result(found=False, bracket=(None, hi),
                                reason="the time budget ran out before a load held"
                                + (f" (last failed {hi:g})" if hi is not None else ""))
+        return self.held_once(lo, hi, "stopped by the time budget: not narrowed or "
+                              "re-measured (the confirmation measures it again on a "
+                              "fresh start)")
+
+    def held_once(self, lo: float, hi: float | None, note: str) -> CapacityResult:
+        """The highest load that held, from its one probe (not re-measured)."""
         held = next(p for p in reversed(self.b.probes) if p.held and p.load == lo)
         return self.result(found=True, value=lo, bracket=(lo, hi), at_value=held,
                            decided=f"{lo:g} {self.unit} held once"
                            + (f", {hi:g} did not" if hi is not None else ""),
-                           note="stopped by the time budget: not narrowed or re-measured "
-                           "(the confirmation measures it again on a fresh start)")
+                           note=note)
 
     # -- the procedure ----------------------------------------------------
 
@@ -479,6 +494,11 @@ class _Search:
                                note="SLO still met at the highest load tried",
                                decided=f"held at every load tried, up to {lo:g} {self.unit}")
         lo, hi = self.bisect(lo, hi)
+        if not plan.remeasure:
+            if not self.narrow_enough(lo, hi) and self.out_of_time():
+                return self.timed_out(lo, hi)
+            return self.held_once(lo, hi, "not re-measured in the trial: the "
+                                  "confirmation measures it again on a fresh start")
         if self.out_of_time(scale=2.0):
             return self.timed_out(lo, hi)
         return self.remeasure(lo, hi)

@@ -302,3 +302,18 @@ def test_the_time_budget_stops_a_search_with_what_held():
     far = CapacityPlan(start=4, floor=20, window_s=20.0, deadline=time.monotonic() + 3600)
     cap, fn = run(lambda rate, n: rate <= 27, plan=far)
     assert cap.found and cap.note is None and any(p.remeasure for p in cap.probes)
+
+
+def test_a_study_that_confirms_later_does_not_re_measure_in_the_trial():
+    """Under --time-budget the confirmation re-measures the top configs on
+    fresh starts, so a trial's search ends at the tolerance with the load
+    that held once, says so, and never spends the twice-the-window probe."""
+    holds = lambda rate, n: rate <= 27  # noqa: E731
+    cap, fn = run(holds, plan=CapacityPlan(start=4, floor=20, window_s=20.0, remeasure=False))
+    assert cap.found and cap.value is not None and 20 <= cap.value <= 27
+    lo, hi = cap.bracket or (None, None)
+    assert lo == cap.value and hi is not None and (hi - lo) / lo <= 0.1 + 1e-9
+    assert not any(p.remeasure for p in cap.probes)
+    assert "held once" in (cap.decided or "") and "fresh start" in (cap.note or "")
+    full, fn_full = run(holds, plan=CapacityPlan(start=4, floor=20, window_s=20.0))
+    assert full.value == cap.value and len(fn_full.calls) == len(fn.calls) + 1

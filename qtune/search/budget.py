@@ -42,7 +42,7 @@ class Costs:
     trial_s: float
     # A capacity study with a floor: a start and one probe, what a config
     # below the incumbent costs (a trial that holds the floor is searched
-    # until the deadline, ``search_deadline``, so it cannot overrun).
+    # until the deadline, ``trial_budget``, so it cannot overrun).
     capacity: bool = False
 
     @property
@@ -159,10 +159,21 @@ def over_budget(cfg: TuneConfig, study: optuna.Study, started: float,
     return why
 
 
-def search_deadline(cfg: TuneConfig, started: float,
-                    reserve: ConfirmationPlan) -> float | None:
-    """When (``time.monotonic()``) a trial's capacity search must end: the
-    budget less the confirmation's reserve (None: no budget)."""
+@dataclass(frozen=True)
+class TrialBudget:
+    """What a trial's capacity search may spend under ``--time-budget``:
+    ``deadline`` (``time.monotonic()``), the budget less the confirmation's
+    reserve, by which it must end; ``confirmed_later``: the confirmation
+    re-measures the top configs on fresh starts, so a trial does not
+    re-measure its own answer (``CapacityPlan.remeasure``)."""
+
+    deadline: float
+    confirmed_later: bool
+
+
+def trial_budget(cfg: TuneConfig, started: float,
+                 reserve: ConfirmationPlan) -> TrialBudget | None:
+    """A trial's budget (None: no ``--time-budget``)."""
     if cfg.time_budget is None:
         return None
-    return started + cfg.time_budget - reserve.seconds
+    return TrialBudget(started + cfg.time_budget - reserve.seconds, reserve.top > 0)

@@ -18,9 +18,10 @@ from qtune.engines.base import LoadView
 from qtune.errors import StudyError, mask_url
 from qtune.search import fleet, optuna_api
 from qtune.search.budget import (
+    TrialBudget,
     costs,
     over_budget,
-    search_deadline,
+    trial_budget,
 )
 from qtune.search.choice import qualified, suggest
 from qtune.search.config import TuneConfig
@@ -105,7 +106,7 @@ def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
                 _run_unsampled(sub, study, reporter, {**base_params, **sub.fixed},
                                {Attr.BASELINE: True, **engine,
                                 **({Attr.BASELINE_NOTE: note} if note else {})},
-                               deadline=_deadline(prep, study, started))
+                               budget=_budget(prep, study, started))
         prep = _shape(prep, study, reporter)
         study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
         stop_reason = _run_seeds(prep, study, reporter, started)
@@ -332,10 +333,11 @@ def _over_budget(prep: Prepared, study: optuna.Study, started: float) -> str | N
     return over_budget(prep.cfg, study, started, confirmation_plan(prep, study))
 
 
-def _deadline(prep: Prepared, study: optuna.Study, started: float) -> float | None:
+def _budget(prep: Prepared, study: optuna.Study, started: float) -> TrialBudget | None:
     """When a trial's capacity search must end so that the confirmation
-    still fits (``qtune.search.budget.search_deadline``)."""
-    return search_deadline(prep.cfg, started, confirmation_plan(prep, study))
+    still fits, and whether the confirmation re-measures its answer
+    (``qtune.search.budget.trial_budget``)."""
+    return trial_budget(prep.cfg, started, confirmation_plan(prep, study))
 
 
 def _run_seeds(prep: Prepared, study: optuna.Study, reporter: Reporter,
@@ -356,7 +358,7 @@ def _run_seeds(prep: Prepared, study: optuna.Study, reporter: Reporter,
         _run_unsampled(sub, study, reporter, {**point, **sub.fixed},
                        {Attr.SEED: why, Attr.SEED_POINT: point, **engine},
                        note=f"{sub.engine.name}: {why}" if engine else why,
-                       deadline=_deadline(prep, study, started))
+                       budget=_budget(prep, study, started))
     return stop_reason
 
 
@@ -418,7 +420,7 @@ def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
                 refuse(study, trial, params, reason, "; ".join(violations), reporter)
                 continue
             run_trial(sub, study, trial, params, reporter,
-                      deadline=_deadline(prep, study, started))
+                      budget=_budget(prep, study, started))
     return stop_reason
 
 
@@ -475,7 +477,7 @@ def _speculative(prep: Prepared, study: optuna.Study, reporter: Reporter,
 
 def _run_unsampled(prep: Prepared, study: optuna.Study, reporter: Reporter,
                    params: dict[str, Any], attrs: dict[str, Any],
-                   note: str | None = None, deadline: float | None = None) -> None:
+                   note: str | None = None, budget: TrialBudget | None = None) -> None:
     """Launch a trial no sampler chose (the baseline, an engine seed).  It is
     queued without params, so that no sampler spends one of its points on it
     (the grid sampler would otherwise assign it a grid cell) or models it;
@@ -500,7 +502,7 @@ def _run_unsampled(prep: Prepared, study: optuna.Study, reporter: Reporter,
                 refuse(study, trial, params, "predicted_oom",
                        "predicted not to fit: " + est.reason, reporter)
                 return
-        run_trial(prep, study, trial, params, reporter, deadline=deadline)
+        run_trial(prep, study, trial, params, reporter, budget=budget)
 
 
 def _learned_refusal(study: optuna.Study, params: dict[str, Any],

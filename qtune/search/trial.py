@@ -20,6 +20,7 @@ from qtune.metrics import metric_value
 from qtune.objectives import get_objective
 from qtune.quality import Quality, Sample, compare, not_measured, take_sample, violation
 from qtune.quality import reason as quality_reason
+from qtune.search.budget import TrialBudget
 from qtune.search.config import TuneConfig
 from qtune.search.inputs import Prepared, at_load
 from qtune.search.pruning import make_pruner
@@ -55,12 +56,12 @@ def run_trial(
     trial: optuna.Trial,
     params: dict[str, Any],
     reporter: Reporter,
-    deadline: float | None = None,
+    budget: TrialBudget | None = None,
 ) -> None:
-    """Launch, measure and tell one trial; ``deadline`` (time.monotonic())
-    is when a capacity search must end (``CapacityPlan.deadline``)."""
+    """Launch, measure and tell one trial; ``budget``: what a capacity
+    search may spend under ``--time-budget``."""
     try:
-        lower = _run_trial_inner(prep, study, trial, params, reporter, deadline)
+        lower = _run_trial_inner(prep, study, trial, params, reporter, budget)
         for level, m in lower:
             _add_level_point(prep, study, trial, params, level, m, reporter)
     except BaseException:
@@ -79,7 +80,7 @@ def _run_trial_inner(
     trial: optuna.Trial,
     params: dict[str, Any],
     reporter: Reporter,
-    deadline: float | None = None,
+    budget: TrialBudget | None = None,
 ) -> list[tuple[float, Measurement]]:
     """Launch, measure, tell.  Returns the --levels points measured on this
     server below the study's load, for the caller to add as trials."""
@@ -95,7 +96,7 @@ def _run_trial_inner(
     # A speculative candidate runs in full: its acceptance rate is what it
     # is for, and it is judged against its base in the phase's A/B.
     candidate = trial.user_attrs.get(Attr.SPEC_OF) is not None
-    plan = capacity_plan(prep, best, baseline or candidate, deadline)
+    plan = capacity_plan(prep, best, baseline or candidate, budget)
     watch = None if baseline or plan or candidate else make_pruner(
         cfg, best.value if best and prep.direction != "pareto" else None)
 
@@ -201,7 +202,7 @@ def _run_trial_inner(
 
 
 def capacity_plan(prep: Prepared, best: TrialRecord | None,
-                  no_floor: bool, deadline: float | None = None) -> CapacityPlan | None:
+                  no_floor: bool, budget: TrialBudget | None = None) -> CapacityPlan | None:
     """How a capacity trial searches (None: not a capacity study).  After the
     engine defaults, each config is probed first at the best capacity so far,
     over the incumbent's window: one that does not hold there cannot win and
@@ -214,11 +215,14 @@ def capacity_plan(prep: Prepared, best: TrialRecord | None,
     start = float(wl.rate if wl.rate is not None else (wl.concurrency or 1))
     cap = ((best.summary or {}).get("capacity") or {}) if best is not None else {}
     if no_floor or best is None or not cap.get("found") or best.value is None:
-        return CapacityPlan(start=start, tolerance=cfg.capacity_tolerance,
-                            deadline=deadline)
-    return CapacityPlan(start=start, floor=float(best.value), window_s=cap.get("window_s"),
-                        tolerance=cfg.capacity_tolerance, floor_of=f"trial {best.number}",
-                        deadline=deadline)
+        plan = CapacityPlan(start=start, tolerance=cfg.capacity_tolerance)
+    else:
+        plan = CapacityPlan(start=start, floor=float(best.value), window_s=cap.get("window_s"),
+                            tolerance=cfg.capacity_tolerance, floor_of=f"trial {best.number}")
+    if budget is None:
+        return plan
+    return dataclasses.replace(plan, deadline=budget.deadline,
+                               remeasure=not budget.confirmed_later)
 
 
 def confirm_plan(cfg: TuneConfig, r: TrialRecord,

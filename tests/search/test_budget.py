@@ -86,7 +86,7 @@ def test_a_capacity_launch_is_priced_as_a_loser_and_its_search_ends_in_time():
     the winner's 5.0 min and launched nothing more with 443 s left and 264 s
     reserved.  A config below the incumbent costs a start and one probe, and
     one above it stops at the deadline, so the gate prices the loser."""
-    from qtune.search.budget import search_deadline
+    from qtune.search.budget import trial_budget
 
     st = _study([(498, 224, 60), (296, 98, 60)])
     c = costs(st)
@@ -96,8 +96,13 @@ def test_a_capacity_launch_is_priced_as_a_loser_and_its_search_ends_in_time():
     assert reserve.seconds == 2 * (98 + 40)
     started = time.monotonic() - 757
     assert over_budget(cfg, st, started, reserve) is None  # 138 + 276 <= 443
-    deadline = search_deadline(cfg, started, reserve)
-    assert deadline is not None
-    assert abs(deadline - (started + 1200 - reserve.seconds)) < 1e-6
+    budget = trial_budget(cfg, started, reserve)
+    assert budget is not None and budget.confirmed_later
+    assert abs(budget.deadline - (started + 1200 - reserve.seconds)) < 1e-6
+    assert trial_budget(TuneConfig(), started, reserve) is None
+    # with the confirmation off, a trial re-measures its own answer
+    off = plan_confirmation(TuneConfig(time_budget=1200, confirm_top=0), st, "maximize", 2)
+    budget_off = trial_budget(cfg, started, off)
+    assert budget_off is not None and not budget_off.confirmed_later
     # the gate closes once a loser no longer fits
     assert "a start and one probe" in over_budget(cfg, st, time.monotonic() - 800, reserve)

@@ -23,3 +23,7 @@ cp $W/wh/*.whl $W/pack/w/ && rm $W/pack/w/vllm-*.whl
 rm -rf .vwheels && mkdir .vwheels && split -b ${PART:-38M} -d -a 2 $W/pack/all.tar .vwheels/part.
 for f in .vwheels/part.*; do n=$((10#${f##*.})); mkdir .vwheels/p$n && mv $f .vwheels/p$n/; done
 cp $W/pack/all.sha .vwheels/ && ls .vwheels
+# .qwheels: qtune's CLI stack (recipes/qtune_cli_wheels.txt), carried with the last part
+rm -rf .qwheels && .venv/bin/python -m pip download -q --no-deps --only-binary=:all: \
+  --python-version 3.12 --implementation cp --platform any -d .qwheels \
+  -r "$(dirname "$0")/qtune_cli_wheels.txt" && ls .qwheels
