@@ -233,15 +233,21 @@ def recommend(study: optuna.Study) -> Recommendation:
     why = _not_confirmed_why(study, best, baseline, pair)
     unit = unit_of(objective, workload)
     cap = (best.summary or {}).get("capacity") or {}
+    # A capacity confirmed on fresh starts: its bracket and verdict are the
+    # confirmation's (a winner may have held one rung below its search's).
+    conf = (study.user_attrs.get(StudyAttr.CONFIRMATION) or {}).get(str(best.number)) or {}
+    found = conf.get("bracket") or cap.get("bracket")
     bracket = None
-    if isinstance(cap.get("bracket"), list) and cap["bracket"] and \
-            cap["bracket"][0] is not None:
-        held, failed = cap["bracket"][0], cap["bracket"][1]
+    if isinstance(found, list) and found and found[0] is not None:
+        held, failed = found[0], found[1]
         bracket = (float(held), None if failed is None else float(failed))
+    runs = [str(r) for r in conf.get("runs") or [] if r]
+    decided = "; on its fresh start" + ("s" if len(runs) > 1 else "") + ": " + \
+        " / ".join(runs) if runs else ""
     figure = Figure(obj.run_metric if obj.name != "capacity" else "capacity", unit,
                     w, b, ratio, str(pair.get("basis", "one run each")), interval,
                     why is None, why, bracket,
-                    str(cap["decided"]) if cap.get("decided") else None)
+                    (str(cap["decided"]) + decided) if cap.get("decided") else None)
     flags = launch_flags(best)
     # One sentence: the config's flags, the confirmation's why, the
     # quality and the deploy command have their own lines.

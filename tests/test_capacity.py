@@ -223,11 +223,34 @@ def test_a_confirmation_is_one_sustained_probe_at_the_capacity():
     assert not cap.found and cap.below == 22 and "fresh start" in cap.reason
 
 
+def test_a_confirmation_that_fails_falls_back_one_rung_on_the_same_start():
+    """Run 13 on one H200: the winner's 27.5 req/s, held once in its search,
+    broke its TPOT limit on the fresh start; 25 had held in the search.  The
+    confirmation probes the fallback on the same start, and the answer is
+    what held there, with the load that did not hold as its upper end."""
+    plan = CapacityPlan(start=27.5, floor=27.5, window_s=20.0, confirm=True, fallback=25)
+    cap, fn = run(lambda rate, n: rate <= 25, plan=plan)
+    assert [w.rate for w, _ in fn.calls] == [27.5, 25]
+    assert cap.found and cap.value == 25 and cap.bracket == (25, 27.5)
+    assert "27.5 req/s did not hold on a fresh start" in cap.decided and "25 req/s held" \
+        in cap.decided
+    cap, fn = run(lambda rate, n: False, plan=plan)
+    assert not cap.found and cap.below == 27.5 and "nor did 25" in cap.reason
+    # one that holds its load never spends the fallback
+    cap, fn = run(lambda rate, n: True, plan=plan)
+    assert cap.value == 27.5 and len(fn.calls) == 1
+
+
 def test_a_plan_is_checked():
     with pytest.raises(ValueError):
         CapacityPlan(start=1, procedure="quick")
     with pytest.raises(ValueError):
         CapacityPlan(start=1, confirm=True)
+    for fallback in (0, 27.5, 30):  # a fallback is a lower rung of a confirmation
+        with pytest.raises(ValueError):
+            CapacityPlan(start=27.5, floor=27.5, confirm=True, fallback=fallback)
+    with pytest.raises(ValueError):
+        CapacityPlan(start=27.5, floor=27.5, fallback=25)
 
 
 # --- against a server whose capacity is known --------------------------------

@@ -75,13 +75,25 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
         return  # nothing to choose between
     previous = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
     verdicts: dict[int, list[str]] = {r.number: [] for r in top}
+    failed_at: dict[int, list[float]] = {r.number: [] for r in top}
+    # A capacity's latest confirmed load (None: its fresh start held nothing).
+    held: dict[int, float | None] = {}
+    challenge = _challenges(top, held) if cfg.objective == "capacity" else {}
 
     def seen(r: TrialRecord, summary: dict[str, Any]) -> None:
         cap = summary.get("capacity") or {}
         if cap:  # a capacity run: held or not, and why
             verdicts[r.number].append(cap.get("decided") or cap.get("reason") or "")
+            failed_at[r.number] += [float(st["load"]) for st in cap.get("steps") or []
+                                    if not st.get("ok")]
+            if not r.baseline:
+                # The defaults are challenged at what the configs that beat
+                # them held on their fresh starts, not at a lucky search pass.
+                held[r.number] = float(cap["value"]) if cap.get("found") else None
+                now = _challenges(top, held)
+                challenge.clear()
+                challenge.update(now)
 
-    challenge = _challenges(prep, top)
     values, failures = remeasure(prep, top, repeats, reporter, phase="confirming",
                                  log_name="confirm", seed_offset=1, on_run=seen,
                                  at=challenge)
@@ -98,32 +110,43 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
         cap = (by_number[n].summary or {}).get("capacity") or {}
         if cap.get("bracket"):
             # A capacity is confirmed by holding it again on fresh starts; its
-            # interval is the bracket it was found in: [held, failed).
-            result[str(n)]["bracket"] = cap["bracket"]
+            # interval is the bracket [held, failed): the search's, narrowed
+            # by what the fresh starts held and failed.
+            result[str(n)]["bracket"] = confirmed_bracket(cap["bracket"], fresh, failed_at[n])
             result[str(n)]["runs"] = verdicts[n]
             result[str(n)]["load"] = challenge.get(n, first)
     study.set_user_attr(StudyAttr.CONFIRMATION, {**previous, **result})
 
 
-def _challenges(prep: Prepared, top: list[TrialRecord]) -> dict[int, float]:
+def confirmed_bracket(search: list[float | None], fresh: list[float],
+                      failed: list[float]) -> list[float | None]:
+    """[held, failed) after the confirmation: the lowest load held on a
+    fresh start (else the search's), and the lowest load that failed above
+    it, on a fresh start or in the search."""
+    lo = min(fresh) if fresh else search[0]
+    above = [f for f in [search[1], *failed] if f is not None and (lo is None or f > lo)]
+    return [lo, min(above) if above else None]
+
+
+def _challenges(top: list[TrialRecord], held: dict[int, float | None]) -> dict[int, float]:
     """--objective capacity: the load each engine defaults' confirmation runs
-    at, when a config of theirs found more: the best such capacity.  The
-    claim is that the winner holds a load the defaults cannot; on fresh
-    starts, interleaved, the defaults are asked to hold it.  If they do, the
-    gain is not there (the defaults then win the tie); if they do not, it is
-    (on the CPU smoke study the defaults' capacity read 2.5 req/s while a
-    busy core slowed them, and held it again, which said nothing of the
-    2x gain claimed)."""
-    if prep.cfg.objective != "capacity":
-        return {}
+    at, when a config of theirs found more: the best such capacity, as held
+    on its fresh start once it ran (``held``; one whose fresh start held
+    nothing challenges no one), as found before that.  The claim is that the
+    winner holds a load the defaults cannot; on fresh starts, interleaved,
+    the defaults are asked to hold it.  If they do, the gain is not there
+    (the defaults then win the tie); if they do not, it is (on the CPU smoke
+    study the defaults' capacity read 2.5 req/s while a busy core slowed
+    them, and held it again, which said nothing of the 2x gain claimed)."""
     out = {}
     for r in top:
         if not r.baseline or r.value is None:
             continue
-        rivals = [t.value for t in top if not t.baseline and t.engine == r.engine
-                  and t.value is not None]
-        if rivals and max(rivals) > r.value:
-            out[r.number] = float(max(rivals))
+        rivals = [held[t.number] if t.number in held else t.value for t in top
+                  if not t.baseline and t.engine == r.engine]
+        best = max((v for v in rivals if v is not None), default=None)
+        if best is not None and best > r.value:
+            out[r.number] = float(best)
     return out
 
 

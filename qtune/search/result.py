@@ -361,11 +361,14 @@ def objective_pair(study: optuna.Study, best: TrialRecord,
             if wb is not None and bb is not None:
                 # Capacities: each a bracket [held, failed), the gain between
                 # the ratios of their ends.  Separated when, on fresh starts,
-                # the winner held its capacity and the defaults did not hold
-                # it; without that challenge, when their brackets do not meet.
-                challenged = b.get("load") is not None and b["load"] >= (best.value or 0)
-                out["separated"] = (bool(b.get("failures")) and not b.get("fresh")
-                                    and not w.get("failures")) if challenged \
+                # the winner held a load and the defaults, asked to hold it,
+                # did not (whatever lower load they held then); without that
+                # challenge, when their brackets do not meet.
+                won = [float(v) for v in w.get("fresh") or []]
+                challenged = b.get("load") is not None and bool(won) \
+                    and b["load"] >= min(won)
+                out["separated"] = (not w.get("failures") and all(
+                    float(v) < min(won) for v in b.get("fresh") or [])) if challenged \
                     else bool(bb[1] <= wb[0] or wb[1] <= bb[0])
                 out["interval"] = [wb[0] / bb[1], wb[1] / bb[0] if bb[0] else None]
                 return out

@@ -228,15 +228,23 @@ def capacity_plan(prep: Prepared, best: TrialRecord | None,
 def confirm_plan(cfg: TuneConfig, r: TrialRecord,
                  load: float | None = None) -> CapacityPlan | None:
     """A capacity config's confirmation run: one sustained probe at the
-    capacity it was found to hold (or at ``load``), over twice its probe
-    window, on a fresh start (not a new search); None for other
-    objectives."""
+    capacity it was found to hold (or at ``load``, a challenge), on a fresh
+    start (not a new search), and if it does not hold, one at the next
+    lower load on the same start: the highest load below it that the config
+    held in its search, or, for a challenge, its own capacity.  None for
+    other objectives."""
     cap = (r.summary or {}).get("capacity") or {}
     if cfg.objective != "capacity" or not cap.get("found") or r.value is None:
         return None
     x = float(r.value if load is None else load)
+    if load is None:
+        held = [float(st["load"]) for st in cap.get("steps") or []
+                if st.get("ok") and float(st["load"]) < x]
+        fallback = max(held) if held else None
+    else:
+        fallback = float(r.value) if r.value < x else None
     return CapacityPlan(start=x, floor=x, window_s=cap.get("window_s"), confirm=True,
-                        floor_of=f"trial {r.number}")
+                        floor_of=f"trial {r.number}", fallback=fallback)
 
 
 def _tell_below(prep: Prepared, study: optuna.Study, trial: optuna.Trial,

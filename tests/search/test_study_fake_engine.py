@@ -385,6 +385,37 @@ def test_an_improvement_inside_the_noise_is_flagged():
     assert objective_pair(study, rec(2), rec(0))["separated"] is True
 
 
+def test_run_13_a_winner_confirmed_one_rung_lower_is_compared_at_what_held():
+    """Run 13 on one H200, as its confirmation would now read: the winner
+    (27.5 in its search) held 25 on its fresh start, not 27.5; the
+    defaults, challenged at 25, did not hold it and held their own 20.  The
+    gain is 25/20 with the bracket ratio [25/22, 27.5/20], and separated."""
+    from types import SimpleNamespace
+
+    from qtune.search.confirm import confirmed_bracket
+    from qtune.search.result import objective_pair
+
+    win = confirmed_bracket([27.5, 30.0], [25.0], [27.5])
+    base = confirmed_bracket([20.0, 22.0], [20.0], [25.0])
+    assert win == [25.0, 27.5] and base == [20.0, 22.0]
+    conf = {"1": {"median": 25.0, "fresh": [25.0], "failures": 0, "bracket": win,
+                  "load": 27.5},
+            "0": {"median": 20.0, "fresh": [20.0], "failures": 0, "bracket": base,
+                  "load": 25.0}}
+    study = SimpleNamespace(user_attrs={"confirmation": conf})
+    obj = objective_pair(study, SimpleNamespace(number=1, value=27.5),
+                         SimpleNamespace(number=0, value=20.0))
+    assert obj["best"] / obj["baseline"] == 1.25 and obj["separated"] is True
+    assert obj["interval"] == pytest.approx([25 / 22, 27.5 / 20])
+    # the defaults held the winner's load too: no gain
+    conf["0"] = {**conf["0"], "fresh": [25.0], "median": 25.0,
+                 "bracket": confirmed_bracket([20.0, 22.0], [25.0], [])}
+    assert objective_pair(study, SimpleNamespace(number=1, value=27.5),
+                          SimpleNamespace(number=0, value=20.0))["separated"] is False
+    # nothing held on the fresh start: the search's bracket, its failures above it
+    assert confirmed_bracket([27.5, 30.0], [], [27.5, 25.0]) == [27.5, 30.0]
+
+
 class BigDefaultsEngine(FakeEngine):
     """The engine defaults are predicted not to fit (a 70B model at TP 1);
     every tuned config is predicted to fit."""
