@@ -241,6 +241,17 @@ def test_a_confirmation_that_fails_falls_back_one_rung_on_the_same_start():
     assert cap.value == 27.5 and len(fn.calls) == 1
 
 
+def test_a_config_that_fails_its_re_measure_at_the_floor_is_below_it():
+    """A config that holds the incumbent's capacity once and not on the
+    re-measure cannot win: the search stops there, below the floor, instead
+    of bisecting under it (19 probes on 2 busy cores)."""
+    plan = CapacityPlan(start=4, floor=20, window_s=20.0)
+    cap, fn = run(lambda rate, n: rate <= 20 and n == 1, plan=plan)
+    assert not cap.found and cap.below == 20 and "re-measure" in cap.reason
+    assert all(w.rate >= 20 for w, _ in fn.calls)
+    assert cap.probes[-1].remeasure and cap.probes[-1].load == 20  # it stopped there
+
+
 def test_a_plan_is_checked():
     with pytest.raises(ValueError):
         CapacityPlan(start=1, procedure="quick")
