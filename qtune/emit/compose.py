@@ -2,16 +2,39 @@
 between the host and the container).
 
 Compose interpolates ``$`` in every value, so each is written ``$$``.  GPUs
-are reserved by count (``capabilities: [gpu]`` is required by Compose);
-``ipc: host`` gives PyTorch the shared memory its processes pass tensors
-through (Docker's default /dev/shm is 64 MB).
+are reserved by count (``capabilities: [gpu]`` is required by Compose).
+
+Hardened as the Kubernetes manifest, with the same figures
+(``container.sizing``, ``container.shm_gib``):
+
+- ``shm_size`` gives PyTorch the shared memory its processes pass tensors
+  through (Docker's default /dev/shm is 64 MB), instead of ``ipc: host``,
+  which would share the host's IPC namespace;
+- memory and CPU reservations (what the server needs at least) and limits
+  (its share of the tuning host);
+- the non-root user of the Kubernetes manifest (uid 10001), no privilege
+  escalation, every capability dropped, a read-only root filesystem.  The
+  engine writes only /tmp and its home (the compile and kernel caches, the
+  Hugging Face cache below ``HF_HOME``): both are tmpfs owned by that user,
+  as the manifest's emptyDirs, the home moved from /root (which the user
+  cannot enter) to ``HOME``.  Compose has no fsGroup: a named volume for a
+  cache would be created root-owned, unwritable by the user, so the caches
+  live in the home's tmpfs and are rebuilt at a restart, as in a new pod.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from qtune.emit.container import container_view, dump
+from qtune.emit.container import (
+    HOME,
+    UID,
+    container_view,
+    dump,
+    nonroot_env,
+    shm_gib,
+    sizing,
+)
 from qtune.profile import Profile
 
 
@@ -20,7 +43,8 @@ def _esc(value: str) -> str:
 
 
 def render(profile: Profile, image: str | None = None) -> str:
-    c = container_view(profile, image)
+    c = container_view(profile, image, home=HOME)
+    s = sizing(profile, c)
     svc: dict[str, Any] = {
         "image": _esc(c.image),  # --image is text from the command line
         "entrypoint": [_esc(a) for a in c.command],
@@ -28,22 +52,33 @@ def render(profile: Profile, image: str | None = None) -> str:
     }
     # HF_TOKEN with no value: passed through from the shell that runs
     # compose when set there, and never written here.
-    svc["environment"] = {**{k: _esc(v) for k, v in c.env.items()}, "HF_TOKEN": None}
-    svc["ipc"] = "host"
+    svc["environment"] = {**nonroot_env(), **{k: _esc(v) for k, v in c.env.items()},
+                          "HF_TOKEN": None}
+    svc["user"] = f"{UID}:{UID}"
+    svc["read_only"] = True
+    # tmpfs options go to the kernel's mount: owned by the user, who alone
+    # enters its home; /tmp as any /tmp (sticky, world-writable).
+    svc["tmpfs"] = ["/tmp:mode=1777", f"{HOME}:uid={UID},gid={UID},mode=0700"]
+    svc["security_opt"] = ["no-new-privileges:true"]
+    svc["cap_drop"] = ["ALL"]
+    svc["shm_size"] = f"{shm_gib(c)}gb"
     # Loopback, as the tuned server and the systemd unit: expose it on
     # purpose (a proxy, or another address here).
     svc["ports"] = [f"127.0.0.1:{c.port}:{c.port}"]
-    # The long form: a path with ':' breaks the short one.
-    svc["volumes"] = [
-        {"type": "bind", "source": _esc(m.host), "target": _esc(m.container), "read_only": True}
-        for m in c.mounts] + [
-        # the engine's caches (compiled kernels): faster restarts
-        {"type": "volume", "source": v.name, "target": v.path} for v in c.caches]
+    if c.mounts:
+        # The long form: a path with ':' breaks the short one.
+        svc["volumes"] = [
+            {"type": "bind", "source": _esc(m.host), "target": _esc(m.container),
+             "read_only": True} for m in c.mounts]
     if c.cpus:
         svc["cpuset"] = c.cpus
+    reservations: dict[str, Any] = {"cpus": str(s.cpu_req), "memory": f"{s.mem_req}gb"}
     if c.gpus:
-        svc["deploy"] = {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "count": c.gpus, "capabilities": ["gpu"]}]}}}
+        reservations["devices"] = [
+            {"driver": "nvidia", "count": c.gpus, "capabilities": ["gpu"]}]
+    svc["deploy"] = {"resources": {
+        "limits": {"cpus": str(s.cpu_lim), "memory": f"{s.mem_lim}gb"},
+        "reservations": reservations}}
     svc["healthcheck"] = {
         # The image has python3 but maybe not curl.
         "test": ["CMD", "python3", "-c", "import urllib.request; urllib.request."
@@ -52,9 +87,12 @@ def render(profile: Profile, image: str | None = None) -> str:
         "start_period": f"{c.start_timeout_s}s",
     }
     svc["restart"] = "unless-stopped"
+    # as the manifest's terminationGracePeriodSeconds: in-flight requests end
     svc["stop_grace_period"] = "2m"
     doc: dict[str, Any] = {"services": {c.name: svc}}
-    if c.caches:
-        doc["volumes"] = {v.name: {} for v in c.caches}
-    return dump(c.header + ["secrets: HF_TOKEN comes from the shell that runs compose, "
-                            "never from this file"], [doc])
+    return dump(c.header + [
+        s.header,
+        f"runs as uid {UID} (not root): the model's host folder must be readable by it",
+        "caches (compiled kernels) live in a tmpfs: rebuilt after a restart",
+        "secrets: HF_TOKEN comes from the shell that runs compose, never from this file"],
+        [doc])

@@ -26,6 +26,7 @@ it, when set there.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -225,3 +226,120 @@ def container_view(profile: Profile, image: str | None = None,
         caches=engine.cache_volumes() if engine else (),
     )
 
+
+# The image's user in the container formats: not root, above the host's own
+# uids (a uid a host account also has would share its files through a bind
+# mount or hostPath).
+UID = 10001
+HOME = "/home/qtune"
+GiB = 2**30
+
+
+def nonroot_env() -> dict[str, str]:
+    """Where the non-root user writes: its home (caches below it), /tmp.
+    getpass.getuser() (torch's compile cache) wants USER when the uid has
+    no passwd entry in the image."""
+    return {"HOME": HOME, "USER": "qtune", "XDG_CACHE_HOME": f"{HOME}/.cache",
+            "HF_HOME": f"{HOME}/.cache/huggingface"}
+
+
+@dataclass(frozen=True)
+class Sizing:
+    mem_req: int  # GiB
+    mem_lim: int  # GiB
+    cpu_req: int
+    cpu_lim: int
+    shm: int  # GiB of /dev/shm, counted in mem_req
+    header: str
+
+
+def shm_gib(c: Container) -> int:
+    """/dev/shm of the container, GiB: PyTorch passes tensors between the API
+    server and engine processes (and TP ranks) through it (Docker's and a
+    pod's default is 64 MB); vLLM's Kubernetes guide uses 2Gi for one GPU,
+    so 2Gi per GPU, 2Gi at least."""
+    return 2 * max(1, c.gpus)
+
+
+def rehome(path: str) -> str:
+    """An image path under /root, moved under the non-root user's HOME."""
+    return HOME + path[len("/root"):] if path == "/root" or path.startswith("/root/") else path
+
+
+def _env_number(profile: Profile, key: str) -> float | None:
+    from qtune.emit.prometheus import figure
+
+    raw = profile.env.get(key)
+    try:
+        return figure(float(raw), 1e6) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def sizing(profile: Profile, c: Container) -> Sizing:
+    """What a container of ``profile`` is given, in GiB and CPUs (Kubernetes'
+    requests and limits, Compose's reservations and limits), and a header
+    line saying where the figures come from.
+
+    - requests: what the server needs at least.  CPU build: the KV cache
+      (``VLLM_CPU_KVCACHE_SPACE`` GiB) plus 1.5 GiB for the API server, engine
+      and torch runtime (``qtune.estimate.CPU_HEADROOM``, measured ~1.3 GiB on
+      vllm-cpu 0.32) plus the shared memory; one CPU per CPU it was placed on
+      (else every CPU of the tuning host).  GPU build: 4 GiB per GPU (the
+      engine core and a worker per GPU hold torch, the CUDA context and the
+      weights while they load; not measured by qtune) plus the shared memory,
+      and one CPU per process (API server, engine core, a worker per GPU).
+    - limits: the share of the tuning host it ran with (its GPUs' share of
+      the host's memory and CPUs), never below the request; without host
+      figures, the request.
+    """
+    from qtune.estimate import CPU_HEADROOM
+    from qtune.host.sysfs import parse_cpulist
+
+    shm = shm_gib(c)
+    host = profile.host
+    mem_total = host.get("memory_gib")
+    cpus_total = host.get("logical_cpus")
+    host_gpus = host.get("gpus")
+    from qtune.emit.prometheus import figure
+
+    host_gib = figure(mem_total, 1e6)  # GiB: a finite, positive figure, or None
+    mem_known = host_gib is not None
+    mem_req: float
+    if c.gpus:
+        share = min(1.0, c.gpus / len(host_gpus)) if isinstance(host_gpus, list) and \
+            host_gpus else 1.0
+        mem_req = shm + 4 * c.gpus
+        cpu_req = 2 + c.gpus
+        why = (f"requests: {shm} GiB shared memory + 4 GiB per GPU, {cpu_req} CPUs "
+               "(API server, engine core, a worker per GPU)")
+    else:
+        placed = len(parse_cpulist(c.cpus)) if c.cpus else None
+        cpu_req = placed or (cpus_total if isinstance(cpus_total, int) and cpus_total > 0
+                             else 2)
+        share = (placed / cpus_total) if placed and isinstance(cpus_total, int) and \
+            cpus_total >= placed else 1.0
+        kv = _env_number(profile, "VLLM_CPU_KVCACHE_SPACE")
+        if kv is not None:
+            kv_why = f"{kv:g} GiB KV cache (VLLM_CPU_KVCACHE_SPACE)"
+        elif mem_known:
+            # unset: vLLM's CPU backend takes 0.92 of its NUMA node's memory
+            kv = 0.92 * float(host_gib or 0) * share
+            kv_why = f"{kv:.0f} GiB KV cache (vLLM's default, 0.92 of the memory)"
+        else:
+            kv = 4.0
+            kv_why = "4 GiB KV cache (a guess: set VLLM_CPU_KVCACHE_SPACE)"
+        mem_req = shm + kv + CPU_HEADROOM / GiB
+        why = f"requests: {shm} GiB shared memory + {kv_why} + 1.5 GiB runtime, {cpu_req} CPUs"
+    mem_req = math.ceil(mem_req)
+    cpu_req = min(int(cpu_req), 1024)
+    mem_lim, cpu_lim = mem_req, cpu_req
+    if mem_known:
+        mem_lim = max(mem_req, int(float(host_gib or 0) * share))
+    if isinstance(cpus_total, int) and not isinstance(cpus_total, bool) and \
+            0 < cpus_total <= 8192:
+        cpu_lim = max(cpu_req, int(cpus_total * share))
+    head = (f"resources: {why}; limits: {mem_lim} GiB, {cpu_lim} CPUs "
+            + ("(its share of the tuning host)" if (mem_lim, cpu_lim) != (mem_req, cpu_req)
+               else "(the requests)"))
+    return Sizing(mem_req, mem_lim, cpu_req, cpu_lim, shm, head)

