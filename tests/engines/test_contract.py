@@ -114,12 +114,20 @@ def test_a_minimal_engine_deploys_with_the_defaults(monkeypatch):
     assert [v["name"] for v in volumes if "emptyDir" in v] == ["dshm", "tmp", "home"]
 
 
-def test_vllm_deploys_keep_its_compile_cache():
+def test_vllm_deploys_can_write_its_compile_cache():
+    """The Compose service runs as a non-root user on a read-only root: the
+    engine's cache folders, moved to that user's home, lie in a tmpfs it
+    owns (rebuilt at a restart, as in a new pod)."""
     from qtune.emit import emit
+    from qtune.emit.container import rehome
     from tests.test_profile import sample_profile
 
     compose = yaml.safe_load(emit(sample_profile(), "compose"))
-    assert set(compose["volumes"]) == {c.name for c in VLLM().cache_volumes()}
+    svc = next(iter(compose["services"].values()))
+    assert svc["read_only"] is True
+    writable = [t.split(":")[0] for t in svc["tmpfs"]]
+    for v in VLLM().cache_volumes():
+        assert any(rehome(v.path).startswith(t + "/") for t in writable), v
 
 
 def test_the_vllm_adapter_fills_in_every_hook(cpu_ctx):
