@@ -218,6 +218,8 @@ def measure(
     s["stopped_early"] = res.stopped
     s.update(res.checks)  # usage_distrusted, prompt_length, length_mismatch
     s["cache_reset"] = res.cache_reset
+    if res.idle_wait_s:
+        s["idle_wait_s"] = round(res.idle_wait_s, 3)
     s["held_peak"] = max((n for _, n in in_flight_at_sends(res.samples)), default=0)
     if cfg.slo:
         s["goodput"] = goodput(res.samples, res.duration, cfg.slo, s)

@@ -74,6 +74,9 @@ class LoadResult:
     # Usage not believed, prompt lengths not the ones asked for
     # (``client.sample_checks``); empty when all is well.
     checks: dict[str, Any] = field(default_factory=dict)
+    # Seconds waited, before the warm-up, for the server to finish what an
+    # earlier phase left (``prometheus.wait_idle``; None: not known).
+    idle_wait_s: float | None = None
 
 
 ProgressFn = Callable[[str, int, int | None], None]
@@ -251,6 +254,11 @@ async def run_load(
     # fails.  Read at call time so tests can scale it.
     connector = aiohttp.TCPConnector(limit=0, force_close=False,
                                      keepalive_timeout=KEEPALIVE_S)
+    idle_wait_s = None
+    if metric_names is not None:
+        from qtune.load.prometheus import wait_idle
+
+        idle_wait_s = await wait_idle(base_url, metric_names)
     async with aiohttp.ClientSession(connector=connector) as session:
         warm: list[RequestSample] = []
         w0 = time.perf_counter()
@@ -278,7 +286,7 @@ async def run_load(
         server = await watcher.stop() if watcher else None
     return LoadResult(samples, duration, warm, stopped == "saturated", server, stopped,
                       warmup_s, cache_reset,
-                      checks=sample_checks(samples, wl.endpoint))
+                      checks=sample_checks(samples, wl.endpoint), idle_wait_s=idle_wait_s)
 
 
 async def _reset_prefix_cache(session: aiohttp.ClientSession, base_url: str,

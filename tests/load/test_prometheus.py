@@ -155,3 +155,35 @@ def test_counters_before_and_after_only_give_no_peaks():
     assert rep is not None
     assert rep["generation_tokens"] == 800 and rep["scrapes"] == 2
     assert rep["running_peak"] is None and rep["kv_cache_usage_peak"] is None
+
+
+def test_a_phase_waits_until_the_server_has_finished_what_an_earlier_one_left():
+    """A probe stopped early leaves its requests on the server: the next
+    phase starts only once the running and waiting gauges read 0 (on 2 CPU
+    cores eleven probes failed one after another without this wait)."""
+    import qtune.load.prometheus as prom
+
+    async def go(texts: list[str], timeout: float = 30.0) -> float | None:
+        runner, url = await _serve(texts)
+        try:
+            return await prom.wait_idle(url, VLLM().metric_names(), timeout=timeout)
+        finally:
+            await runner.cleanup()
+
+    prom.IDLE_POLL_S, poll = 0.01, prom.IDLE_POLL_S
+    try:
+        busy = [metrics({"0": {"num_requests_running": 3, "num_requests_waiting": 9}}),
+                metrics({"0": {"num_requests_running": 1}}),
+                metrics({"0": {}})]
+        waited = asyncio.run(go(busy))
+        assert waited is not None and waited >= 2 * prom.IDLE_POLL_S
+        # a server that stays busy is waited for up to the timeout, no longer
+        stuck = asyncio.run(go([busy[0]] * 1000, timeout=0.05))
+        assert stuck is not None and 0.05 <= stuck < 5
+    finally:
+        prom.IDLE_POLL_S = poll
+    # a page that is no metrics text: not known, and no wait
+    assert asyncio.run(go(["no metrics here {"])) is None
+    # a metrics page without the gauges reads as idle
+    idle = asyncio.run(go(["# TYPE other gauge\nother 1\n"]))
+    assert idle is not None and idle < 1
