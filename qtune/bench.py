@@ -197,7 +197,7 @@ CONTAMINATED_HIT_RATE = 0.05
 def measure(
     url: str, model: str, wl: Workload, cfg: BenchConfig, *,
     max_inflight: int | None = None, progress: Progress | None = None,
-    watch: Any = None,
+    watch: Any = None, wait_idle: bool = False,
 ) -> dict[str, Any]:
     def tick(phase: str, done: int, total: int | None) -> None:
         if progress:
@@ -210,7 +210,8 @@ def measure(
                                gauge_interval=cfg.gauge_interval,
                                reset_cache=fresh and cfg.reset_cache,
                                metric_names=cfg.metric_names, reset_paths=cfg.reset_paths,
-                               request_fields=cfg.request_fields))
+                               request_fields=cfg.request_fields,
+                               wait_idle=wait_idle and cfg.scrape_metrics))
     s = summarize(res.samples, res.duration)
     s["warmup_requests"] = len(res.warmup)
     s["warmup_s"] = res.warmup_s

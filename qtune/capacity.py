@@ -193,7 +193,8 @@ class Probe:
             out["aborted"] = True
             out["saved_s"] = round(self.saved_s, 3)
         out.update({key: s[key] for key in ("length_mismatch", "prompt_length",
-                                            "usage_distrusted") if s.get(key) is not None})
+                                            "usage_distrusted", "idle_wait_s")
+                    if s.get(key) is not None})
         out.update({m: metric_value(s, m) for m in KEY_METRICS})
         return out
 
@@ -329,9 +330,15 @@ class _Search:
         # A backlog of many seconds of arrivals cannot recover within the run.
         cap = max(32, int(x * 10)) if self.by_rate else None
         watch = certain_failure(slo_bounds(self.slos), n or 0) if self.fast else None
+        # A probe that ended early left its requests on the server: the next
+        # one waits until they are done (on 2 CPU cores, without the wait,
+        # eleven probes failed in a row after one stopped at an overload).
+        prev = self.b.probes[-1] if self.b.probes else None
+        after_stop = prev is not None and bool(prev.summary.get("stopped_early"))
         t0 = time.monotonic()
         s = self.measure(self.url, self.model, w, self.cfg, max_inflight=cap,
-                         progress=self.progress, watch=watch)
+                         progress=self.progress, watch=watch,
+                         wait_idle=after_stop)
         elapsed = time.monotonic() - t0
         ok, why, kind = judge_load(s, self.slos, x if self.by_rate else None)
         done = s["completed"] + s["failed"]

@@ -339,10 +339,19 @@ def render_search_result(res: Any) -> None:
             load = c.get("load", c["values"][0])
             asked = (f" (its own capacity {_fmt(c['values'][0])}; asked to hold the best "
                      "config's)" if load != c["values"][0] else "")
-            held = len(c.get("fresh") or [])
+            if isinstance(c.get("asked"), list):  # each fresh start: asked, held
+                pairs = list(zip(c["asked"], c.get("held") or [], strict=False))
+                held = sum(1 for a, h in pairs if h is not None and h >= a)
+                starts = len(pairs) + c.get("failures", 0) - sum(
+                    1 for _, h in pairs if h is None)
+                load_txt = "/".join(_fmt(a) for a in dict.fromkeys(c["asked"]))
+            else:
+                held = len(c.get("fresh") or [])
+                starts = held + c.get("failures", 0)
+                load_txt = _fmt(load)
             out.print(f"confirmed trial {n}{' (engine defaults)' if base else ''}: "
-                      f"{_fmt(load)} req/s held on {held} of "
-                      f"{held + c.get('failures', 0)} fresh starts{asked} ({runs_txt})")
+                      f"{load_txt} req/s held on {held} of {starts} fresh "
+                      f"starts{asked} ({runs_txt})")
             continue
         out.print(f"confirmed trial {n}{' (engine defaults)' if base else ''}: "
                   f"median {_fmt(c['median'])} over "

@@ -252,6 +252,26 @@ def test_a_config_that_fails_its_re_measure_at_the_floor_is_below_it():
     assert cap.probes[-1].remeasure and cap.probes[-1].load == 20  # it stopped there
 
 
+def test_only_a_probe_after_one_stopped_early_waits_for_an_idle_server():
+    """A probe stopped once its failure was certain leaves its requests on
+    the server: the next probe waits for them; other probes do not wait
+    (SGLang refreshes its gauges on an idle server every 30 s)."""
+    seen = []
+    fn2 = Scripted(lambda rate, n: rate <= 20, abort_failures=True)
+
+    def spy(url: str, model: str, w: Workload, cfg: Any, **kw: Any) -> dict:
+        seen.append((w.rate, kw.get("wait_idle")))
+        return fn2(url, model, w, cfg, **kw)
+
+    cfg = BenchConfig(urls=["u"], workload=Workload(rate=4, requests=10), slo=SLO)
+    find_capacity("u", "m", cfg, plan=CapacityPlan(start=4, floor=20, window_s=20.0),
+                  measure_fn=spy)
+    assert seen[0] == (20, False) and seen[1][1] is False  # nothing stopped before
+    failed = [i for i, (rate, _) in enumerate(seen) if rate > 20]
+    assert failed and all(seen[i + 1][1] is True for i in failed if i + 1 < len(seen))
+    assert all(w is False for i, (_, w) in enumerate(seen) if i and i - 1 not in failed)
+
+
 def test_a_plan_is_checked():
     with pytest.raises(ValueError):
         CapacityPlan(start=1, procedure="quick")

@@ -234,6 +234,7 @@ async def run_load(
     metric_names: MetricNames | None = None,
     reset_paths: Sequence[str] = (),
     request_fields: Mapping[str, Any] = IGNORE_EOS,
+    wait_idle: bool = False,
 ) -> LoadResult:
     """Warm up, then measure.  ``max_inflight`` (rate mode) stops the
     measured phase early once that many requests wait at once; ``watch``
@@ -245,20 +246,21 @@ async def run_load(
     engine's side comes from its adapter: ``metric_names`` (without them
     no counters are read), ``reset_paths`` (tried in order) and
     ``request_fields``, what every request carries for its fixed output
-    length."""
+    length.  ``wait_idle``: first wait until the server holds no request
+    (after a phase on it that ended early: ``prometheus.wait_idle``)."""
     path = "/v1/chat/completions" if wl.endpoint == "chat" else "/v1/completions"
     url = base_url.rstrip("/") + path
     # Reused connections must not outlive the server's idle timeout: aiohttp
     # reuses the oldest idle one first (15 s default) while uvicorn, as vLLM
     # and SGLang run it, closes it after 5 s, and a request sent as it closes
     # fails.  Read at call time so tests can scale it.
+    idle_wait_s = None
+    if wait_idle and metric_names is not None:
+        from qtune.load.prometheus import wait_idle as idle
+
+        idle_wait_s = await idle(base_url, metric_names)
     connector = aiohttp.TCPConnector(limit=0, force_close=False,
                                      keepalive_timeout=KEEPALIVE_S)
-    idle_wait_s = None
-    if metric_names is not None:
-        from qtune.load.prometheus import wait_idle
-
-        idle_wait_s = await wait_idle(base_url, metric_names)
     async with aiohttp.ClientSession(connector=connector) as session:
         warm: list[RequestSample] = []
         w0 = time.perf_counter()

@@ -32,6 +32,7 @@ others', 47 against 49 in a normal one).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -242,7 +243,10 @@ async def wait_idle(base_url: str, names: MetricNames,
     and a probe started beside them measures them: on 2 CPU cores, after an
     overload probe stopped early, eleven later probes down to a third of the
     load that had held failed one after another (the full procedure, which
-    never stops a probe, held 13 req/s; the fast one found 5)."""
+    never stops a probe, held 13 req/s; the fast one found 5).  Only after a
+    phase that ended early (``run_load(wait_idle=True)``): SGLang refreshes
+    its gauges on an idle server only every 30 s, and a server qtune did not
+    start may never be idle."""
     if names.requests_running is None:
         return None
     url = base_url.rstrip("/") + "/metrics"
@@ -260,6 +264,8 @@ async def wait_idle(base_url: str, names: MetricNames,
                 return None
             held = sum(sum((_gauge(snap, g, names) or {}).values())
                        for g in (names.requests_running, names.requests_waiting))
+            if not math.isfinite(held):
+                return None  # a NaN or infinite gauge says nothing
             waited = time.monotonic() - t0
             if held <= 0 or waited >= timeout:
                 return waited

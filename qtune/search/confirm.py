@@ -76,6 +76,10 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
     previous = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
     verdicts: dict[int, list[str]] = {r.number: [] for r in top}
     failed_at: dict[int, list[float]] = {r.number: [] for r in top}
+    # Each capacity run: the load it was asked to hold, and what it held
+    # (None: nothing) on that fresh start.
+    asked: dict[int, list[float]] = {r.number: [] for r in top}
+    held_runs: dict[int, list[float | None]] = {r.number: [] for r in top}
     # A capacity's latest confirmed load (None: its fresh start held nothing).
     held: dict[int, float | None] = {}
     challenge = _challenges(top, held) if cfg.objective == "capacity" else {}
@@ -84,8 +88,15 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
         cap = summary.get("capacity") or {}
         if cap:  # a capacity run: held or not, and why
             verdicts[r.number].append(cap.get("decided") or cap.get("reason") or "")
-            failed_at[r.number] += [float(st["load"]) for st in cap.get("steps") or []
-                                    if not st.get("ok")]
+            steps = cap.get("steps") or []
+            # (a soft failure measured again at the same load is no failure)
+            failed_at[r.number] += [float(st["load"]) for i, st in enumerate(steps)
+                                    if not st.get("ok") and not any(
+                                        later.get("ok") and later["load"] == st["load"]
+                                        for later in steps[i + 1:])]
+            if steps:
+                asked[r.number].append(float(steps[0]["load"]))
+                held_runs[r.number].append(float(cap["value"]) if cap.get("found") else None)
             if not r.baseline:
                 # The defaults are challenged at what the configs that beat
                 # them held on their fresh starts, not at a lucky search pass.
@@ -114,7 +125,9 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
             # by what the fresh starts held and failed.
             result[str(n)]["bracket"] = confirmed_bracket(cap["bracket"], fresh, failed_at[n])
             result[str(n)]["runs"] = verdicts[n]
-            result[str(n)]["load"] = challenge.get(n, first)
+            result[str(n)]["asked"] = asked[n]
+            result[str(n)]["held"] = held_runs[n]
+            result[str(n)]["load"] = max(asked[n]) if asked[n] else first
     study.set_user_attr(StudyAttr.CONFIRMATION, {**previous, **result})
 
 

@@ -313,6 +313,29 @@ def _metrics_view(rec: TrialRecord | None) -> dict[str, Any] | None:
     return view
 
 
+def _separated(w: dict[str, Any], b: dict[str, Any], best: TrialRecord,
+               wb: tuple[float, float], bb: tuple[float, float]) -> bool:
+    """Whether a capacity gain is more than the noise.  With runs on fresh
+    starts where the defaults were asked to hold a load (``asked``, what each
+    run ``held``): separated when the winner held on every fresh start and
+    every defaults run was asked no more than the lowest load the winner
+    held there and did not hold it; not when a defaults run held that load.
+    Otherwise, when their brackets do not meet.  (A study written before
+    ``asked`` was kept: the defaults' one challenge ``load``.)"""
+    won = [float(v) for v in w.get("fresh") or []]
+    if won and isinstance(b.get("asked"), list) and b["asked"]:
+        floor = min(won)
+        pairs = list(zip(b["asked"], b.get("held") or [], strict=False))
+        if not w.get("failures") and all(
+                a <= floor and (h is None or h < a) for a, h in pairs):
+            return True
+        if any(h is not None and h >= floor for _, h in pairs):
+            return False
+    elif won and b.get("load") is not None and b["load"] >= (best.value or 0):
+        return bool(b.get("failures")) and not b.get("fresh") and not w.get("failures")
+    return bool(bb[1] <= wb[0] or wb[1] <= bb[0])
+
+
 def _bracket(conf: dict[str, Any]) -> tuple[float, float] | None:
     """A confirmed capacity's [held, failed) bracket (failed: inf when no load
     above it failed), or None for other objectives."""
@@ -364,12 +387,7 @@ def objective_pair(study: optuna.Study, best: TrialRecord,
                 # the winner held a load and the defaults, asked to hold it,
                 # did not (whatever lower load they held then); without that
                 # challenge, when their brackets do not meet.
-                won = [float(v) for v in w.get("fresh") or []]
-                challenged = b.get("load") is not None and bool(won) \
-                    and b["load"] >= min(won)
-                out["separated"] = (not w.get("failures") and all(
-                    float(v) < min(won) for v in b.get("fresh") or [])) if challenged \
-                    else bool(bb[1] <= wb[0] or wb[1] <= bb[0])
+                out["separated"] = _separated(w, b, best, wb, bb)
                 out["interval"] = [wb[0] / bb[1], wb[1] / bb[0] if bb[0] else None]
                 return out
             # Overlapping intervals (or, under 3 runs, ranges): the gain is

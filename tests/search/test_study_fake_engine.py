@@ -399,17 +399,28 @@ def test_run_13_a_winner_confirmed_one_rung_lower_is_compared_at_what_held():
     base = confirmed_bracket([20.0, 22.0], [20.0], [25.0])
     assert win == [25.0, 27.5] and base == [20.0, 22.0]
     conf = {"1": {"median": 25.0, "fresh": [25.0], "failures": 0, "bracket": win,
-                  "load": 27.5},
+                  "asked": [27.5], "held": [25.0], "load": 27.5},
             "0": {"median": 20.0, "fresh": [20.0], "failures": 0, "bracket": base,
-                  "load": 25.0}}
+                  "asked": [25.0], "held": [20.0], "load": 25.0}}
     study = SimpleNamespace(user_attrs={"confirmation": conf})
     obj = objective_pair(study, SimpleNamespace(number=1, value=27.5),
                          SimpleNamespace(number=0, value=20.0))
     assert obj["best"] / obj["baseline"] == 1.25 and obj["separated"] is True
     assert obj["interval"] == pytest.approx([25 / 22, 27.5 / 20])
+    # asked only a load above what the winner held, the defaults prove
+    # nothing by failing it (two rounds, the defaults first in the second):
+    # the brackets decide, and these meet
+    conf["1"] = {**conf["1"], "fresh": [27.5, 25.0], "asked": [27.5, 27.5],
+                 "held": [27.5, 25.0], "bracket": [25.0, 27.5]}
+    conf["0"] = {**conf["0"], "fresh": [22.0, 22.0], "asked": [27.5, 27.5],
+                 "held": [22.0, 22.0], "bracket": [22.0, 26.0]}
+    assert objective_pair(study, SimpleNamespace(number=1, value=27.5),
+                          SimpleNamespace(number=0, value=20.0))["separated"] is False
     # the defaults held the winner's load too: no gain
-    conf["0"] = {**conf["0"], "fresh": [25.0], "median": 25.0,
-                 "bracket": confirmed_bracket([20.0, 22.0], [25.0], [])}
+    conf["1"] = {**conf["1"], "fresh": [25.0], "asked": [27.5], "held": [25.0],
+                 "bracket": win}
+    conf["0"] = {**conf["0"], "fresh": [25.0], "median": 25.0, "asked": [25.0],
+                 "held": [25.0], "bracket": confirmed_bracket([20.0, 22.0], [25.0], [])}
     assert objective_pair(study, SimpleNamespace(number=1, value=27.5),
                           SimpleNamespace(number=0, value=20.0))["separated"] is False
     # nothing held on the fresh start: the search's bracket, its failures above it
