@@ -83,6 +83,13 @@ def _combine(name: str, per_engine: dict[str, float], names: MetricNames) -> flo
             else sum(per_engine.values()))
 
 
+def _held(snap: Snapshot, names: MetricNames) -> dict[str, float]:
+    """Requests each engine holds, running or waiting, at one scrape."""
+    run = _gauge(snap, names.requests_running, names) or {}
+    wait = _gauge(snap, names.requests_waiting, names) or {}
+    return {e: run.get(e, 0.0) + wait.get(e, 0.0) for e in run.keys() | wait.keys()}
+
+
 class MetricsWatcher:
     """``interval`` None: counters only (before and after the phase); else
     also the gauges every ``interval`` seconds during it."""
@@ -132,11 +139,8 @@ class MetricsWatcher:
         # Requests each engine holds, running or waiting, at one scrape: with
         # a small max_num_seqs every engine runs at the cap and a slow one's
         # backlog waits, so running alone would read as even.
-        run = _gauge(snap, names.requests_running, names) or {}
-        wait = _gauge(snap, names.requests_waiting, names) or {}
         held = self.engine_peaks.setdefault(_HELD, {})
-        for e in run.keys() | wait.keys():
-            x = run.get(e, 0.0) + wait.get(e, 0.0)
+        for e, x in _held(snap, names).items():
             held[e] = max(held.get(e, x), x)
         return snap
 
@@ -249,21 +253,14 @@ async def wait_idle(base_url: str, names: MetricNames,
     start may never be idle."""
     if names.requests_running is None:
         return None
-    url = base_url.rstrip("/") + "/metrics"
+    reader = MetricsWatcher(base_url, names)
     t0 = time.monotonic()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
         while True:
-            try:
-                async with s.get(url, timeout=aiohttp.ClientTimeout(total=5),
-                                 allow_redirects=False) as r:
-                    if r.status != 200:
-                        return None
-                    snap = parse((await read_capped(r)).decode("utf-8", "replace"),
-                                 names.engine_label)
-            except (aiohttp.ClientError, TimeoutError, ValueError, OSError, ArithmeticError):
+            snap = await reader.scrape(s, during=False)
+            if snap is None:
                 return None
-            held = sum(sum((_gauge(snap, g, names) or {}).values())
-                       for g in (names.requests_running, names.requests_waiting))
+            held = sum(_held(snap, names).values())
             if not math.isfinite(held):
                 return None  # a NaN or infinite gauge says nothing
             waited = time.monotonic() - t0

@@ -80,9 +80,7 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
     # (None: nothing) on that fresh start.
     asked: dict[int, list[float]] = {r.number: [] for r in top}
     held_runs: dict[int, list[float | None]] = {r.number: [] for r in top}
-    # A capacity's latest confirmed load (None: its fresh start held nothing).
-    held: dict[int, float | None] = {}
-    challenge = _challenges(top, held) if cfg.objective == "capacity" else {}
+    challenge = _challenges(top, held_runs) if cfg.objective == "capacity" else {}
 
     def seen(r: TrialRecord, summary: dict[str, Any]) -> None:
         cap = summary.get("capacity") or {}
@@ -100,8 +98,7 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
             if not r.baseline:
                 # The defaults are challenged at what the configs that beat
                 # them held on their fresh starts, not at a lucky search pass.
-                held[r.number] = float(cap["value"]) if cap.get("found") else None
-                now = _challenges(top, held)
+                now = _challenges(top, held_runs)
                 challenge.clear()
                 challenge.update(now)
 
@@ -141,11 +138,12 @@ def confirmed_bracket(search: list[float | None], fresh: list[float],
     return [lo, min(above) if above else None]
 
 
-def _challenges(top: list[TrialRecord], held: dict[int, float | None]) -> dict[int, float]:
+def _challenges(top: list[TrialRecord],
+                held: dict[int, list[float | None]]) -> dict[int, float]:
     """--objective capacity: the load each engine defaults' confirmation runs
     at, when a config of theirs found more: the best such capacity, as held
-    on its fresh start once it ran (``held``; one whose fresh start held
-    nothing challenges no one), as found before that.  The claim is that the
+    on its latest fresh start once it ran (``held``, each config's runs; one
+    whose fresh start held nothing challenges no one), as found before that.  The claim is that the
     winner holds a load the defaults cannot; on fresh starts, interleaved,
     the defaults are asked to hold it.  If they do, the gain is not there
     (the defaults then win the tie); if they do not, it is (on the CPU smoke
@@ -155,7 +153,7 @@ def _challenges(top: list[TrialRecord], held: dict[int, float | None]) -> dict[i
     for r in top:
         if not r.baseline or r.value is None:
             continue
-        rivals = [held[t.number] if t.number in held else t.value for t in top
+        rivals = [runs[-1] if (runs := held.get(t.number)) else t.value for t in top
                   if not t.baseline and t.engine == r.engine]
         best = max((v for v in rivals if v is not None), default=None)
         if best is not None and best > r.value:
