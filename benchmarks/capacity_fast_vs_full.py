@@ -83,6 +83,9 @@ def main() -> int:
     ap.add_argument("--tolerance", type=float, default=0.1)
     ap.add_argument("--startup-timeout", type=float, default=900.0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--no-floor", action="store_true",
+                    help="skip the fast run with config 0's capacity as floor "
+                         "(saves its probes where device time is short)")
     a = ap.parse_args()
     configs = json.loads(a.configs)
     wait_until_alone()
@@ -101,7 +104,7 @@ def main() -> int:
                           seed=1000 * i + k)
                    for k, p in enumerate(order)}
             floored = None
-            if incumbent is not None:
+            if incumbent is not None and not a.no_floor:
                 floored = run(spec.base_url, spec.served_model, tok, a,
                               CapacityPlan(start=a.rate, floor=incumbent,
                                            tolerance=a.tolerance, floor_of="config 0"),
@@ -124,14 +127,14 @@ def main() -> int:
                      within(fast, full), f"{fast['probes_s'] / full['probes_s']:.2f}",
                      (f"{show(floored)}: {floored['probes']} / {floored['probes_s']:.0f} s"
                       if floored else "-")])
+        if a.json:  # after each config: a run cut short keeps what it measured
+            a.json.write_text(json.dumps({"args": vars(a) | {"json": str(a.json)},
+                                          "configs": out}, indent=1, default=str))
     print()
     print(table(["#", "config", "full", "probes", "s", "fast", "probes", "s",
                  "fast in full bracket", "time fast/full", "fast with config 0 as floor"],
                 rows))
     print(f"\nwall time {time.monotonic() - t_all:.0f} s")
-    if a.json:
-        a.json.write_text(json.dumps({"args": vars(a) | {"json": str(a.json)},
-                                      "configs": out}, indent=1, default=str))
     return 0
 
 
