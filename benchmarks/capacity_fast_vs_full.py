@@ -57,7 +57,9 @@ def run(url: str, model: str, tok: str, a: argparse.Namespace, plan: CapacityPla
     print(f"    {plan.procedure}{' floor ' + format(plan.floor, 'g') if plan.floor else ''}: "
           f"{d.get('value', '-')} {d.get('bracket', '')} {d['probes']} probes "
           f"{wall:.0f} s (saved {d['saved_s']:.0f} s)"
-          + (f" below {cap.below:g}" if cap.below is not None else ""), flush=True)
+          + (f" below {cap.below:g}" if cap.below is not None else "")
+          + (f"; verdicts went either way in {list(cap.noise_band)}" if cap.noise_band else ""),
+          flush=True)
     return {"procedure": plan.procedure, "floor": plan.floor, "wall_s": wall, **d}
 
 

@@ -174,6 +174,7 @@ class Probe:
     remeasure: bool = False  # the answer's re-measure, over twice the window
     aborted: bool = False  # stopped once its failure was certain
     saved_s: float = 0.0  # arrival time it did not need to spend, when aborted
+    retried: bool = False  # a soft failure measured again: the re-run decided
 
     def to_dict(self) -> dict[str, Any]:
         """The probe as a capacity result lists it (its ``steps``)."""
@@ -258,6 +259,20 @@ class CapacityResult:
     def probes_s(self) -> float:
         return sum(p.elapsed_s for p in self.probes)
 
+    @property
+    def noise_band(self) -> tuple[float, float] | None:
+        """(lowest load that failed, highest load that held) when the first is
+        below the second: the loads where one probe's verdict went either way.
+        Near the knee a short window decides by luck: on one H200 the TPOT
+        p99 of one config at 24 req/s read 14.9, 19.4 and 20.5 ms against a
+        20 ms limit, and on 2 CPU cores one load held 3 of 6 probes.  A
+        bracket finer than this band is finer than the measurement."""
+        held = [p.load for p in self.probes if p.held]
+        failed = [p.load for p in self.probes if not p.held and not p.retried]
+        if not held or not failed or min(failed) >= max(held):
+            return None
+        return min(failed), max(held)
+
     def summary_at_value(self) -> dict[str, Any] | None:
         """The whole summary of the run that decided: the re-measure at the
         capacity, or the floor's probe of a config below it."""
@@ -280,6 +295,8 @@ class CapacityResult:
         for key in ("decided", "reason", "note", "below", "floor"):
             if (v := getattr(self, key)) is not None:
                 out[key] = v
+        if (band := self.noise_band) is not None:
+            out["noise_band"] = list(band)
         out["steps"] = [p.to_dict() for p in self.probes]
         out["probes"] = len(self.probes)
         out["probes_s"] = round(self.probes_s, 3)
@@ -358,6 +375,7 @@ class _Search:
             # soft failure is measured again, with fresh prompts, and decides
             # only if it repeats.
             p.why += "; measured again"
+            p.retried = True
             self.b.probes.append(p)
             return self.probe(x, scale, again=True)
         self.b.probes.append(p)
@@ -465,11 +483,15 @@ class _Search:
         return lo, hi
 
     def result(self, **kw: Any) -> CapacityResult:
-        return CapacityResult(unit=self.unit, procedure=self.plan.procedure,
-                              tolerance=self.plan.tolerance, probes=self.b.probes,
-                              floor=self.plan.floor,
-                              window_s=self.window if self.by_rate else None,
-                              service_s=self.service_s, **kw)
+        r = CapacityResult(unit=self.unit, procedure=self.plan.procedure,
+                           tolerance=self.plan.tolerance, probes=self.b.probes,
+                           floor=self.plan.floor,
+                           window_s=self.window if self.by_rate else None,
+                           service_s=self.service_s, **kw)
+        if r.found and r.decided and (band := r.noise_band) is not None:
+            r.decided += (f"; between {band[0]:g} and {band[1]:g} {self.unit} one probe's "
+                          "verdict went either way (noise, not load)")
+        return r
 
     def run(self) -> CapacityResult:
         plan = self.plan

@@ -371,3 +371,22 @@ def test_a_study_that_confirms_later_does_not_re_measure_in_the_trial():
     assert "held once" in (cap.decided or "") and "fresh start" in (cap.note or "")
     full, fn_full = run(holds, plan=CapacityPlan(start=4, floor=20, window_s=20.0))
     assert full.value == cap.value and len(fn_full.calls) == len(fn.calls) + 1
+
+
+def test_verdicts_that_go_either_way_are_reported_as_a_noise_band():
+    """Near the knee one probe's verdict is luck (one H200: TPOT p99 14.9,
+    19.4 and 20.5 ms at one load against 20).  Loads in (8, 9] pass once and
+    then fail: the result names the band where a lower load failed while a
+    higher one held, in its JSON and in the words that decided it."""
+    cap, _ = run(lambda rate, n: rate <= 8 or (rate <= 9 and n == 1))
+    assert cap.found and cap.noise_band is not None
+    lo, hi = cap.noise_band
+    assert lo < hi and lo <= cap.bracket[1] and hi > cap.value
+    assert cap.to_dict()["noise_band"] == [lo, hi]
+    assert f"between {lo:g} and {hi:g} req/s" in cap.decided
+
+
+def test_a_monotone_search_has_no_noise_band_and_a_retried_soft_failure_is_no_failure():
+    cap, _ = run(lambda rate, n: "soft" if rate == 4 and n == 1 else rate <= 16)
+    assert cap.found and cap.noise_band is None
+    assert "noise_band" not in cap.to_dict() and "either way" not in cap.decided

@@ -55,6 +55,15 @@ class Costs:
         """One confirmation run: a fresh start and one measurement."""
         return self.start_s + self.run_s
 
+    @property
+    def fallback_s(self) -> float:
+        """What a capacity confirmation adds for one fallback rung (a config
+        that does not hold its capacity on its fresh start is probed once
+        more there, one rung lower: ``CapacityPlan.fallback``).  One rung is
+        the confirmation of a real gain: the defaults, challenged at the
+        winner's load, fail it and fall back to their own capacity."""
+        return self.run_s if self.capacity else 0.0
+
 
 @dataclass(frozen=True)
 class ConfirmationPlan:
@@ -125,7 +134,7 @@ def plan_confirmation(cfg: TuneConfig, study: optuna.Study, direction: str,
     top = max(1, min(cfg.confirm_top, candidates))
 
     def plan(k: int, r: int, why: str = "") -> ConfirmationPlan:
-        return ConfirmationPlan(k, r, (k + 1) * r * c.confirm_run_s, why)
+        return ConfirmationPlan(k, r, (k + 1) * r * c.confirm_run_s + c.fallback_s, why)
 
     if cfg.time_budget is None or cfg.confirm_fixed:
         return plan(top, cfg.confirm_repeats)

@@ -106,7 +106,7 @@ def engine_summary(study: optuna.Study) -> list[dict[str, Any]] | None:
                      "params": dict(best.params) if best else None,
                      "baseline_trial": base.number if base else None,
                      "baseline_value": value(base) if base else None,
-                     **({"bracket": b} if best and (b := _bracket(best)) else {})})
+                     **({"bracket": b} if best and (b := _bracket(best, conf)) else {})})
     values = [r["value"] for r in rows if r["value"] is not None]
     top = (max if larger else min)(values) if values else None
     for r in rows:
@@ -123,9 +123,12 @@ def engine_summary(study: optuna.Study) -> list[dict[str, Any]] | None:
     return rows
 
 
-def _bracket(r: TrialRecord) -> list[float | None] | None:
-    """A capacity trial's [highest load held, lowest load that failed above it]."""
-    b = ((r.summary or {}).get("capacity") or {}).get("bracket")
+def _bracket(r: TrialRecord, conf: dict[str, Any]) -> list[float | None] | None:
+    """A capacity trial's [highest load held, lowest load that failed above
+    it]: the confirmation's, once its fresh starts ran (a load held once in
+    the search may have failed there), else the search's."""
+    b = ((conf.get(str(r.number)) or {}).get("bracket")
+         or ((r.summary or {}).get("capacity") or {}).get("bracket"))
     return list(b) if b else None
 
 

@@ -33,7 +33,7 @@ def test_costs_leave_the_cold_first_start_out():
     st = _study([(480, 200, 60), (130, 70, 58), (150, 80, 62)])
     c = costs(st)
     assert c.start_s == 75 and c.trial_s == 140 and c.run_s == 40  # one probe's window
-    assert c.confirm_run_s == 115
+    assert c.confirm_run_s == 115 and c.fallback_s == 40  # one probe's window
 
 
 def test_before_any_trial_after_the_defaults_a_trial_is_a_start_and_two_probes():
@@ -53,7 +53,8 @@ def test_the_confirmation_is_sized_to_the_budget():
     st = _study([(480, 200, 60), (130, 70, 58), (150, 80, 62)])
     cfg = TuneConfig(time_budget=20 * 60)
     p = plan_confirmation(cfg, st, "maximize", candidates=3)
-    assert (p.top, p.repeats) == (1, 1) and p.seconds == 2 * 115
+    # two fresh starts and one fallback rung (the defaults failing the winner's load)
+    assert (p.top, p.repeats) == (1, 1) and p.seconds == 2 * 115 + 40
     assert p.seconds <= CONFIRM_SHARE * cfg.time_budget and "sized to the time budget" in p.why
     # a budget large enough keeps the flags' size
     big = plan_confirmation(TuneConfig(time_budget=4 * 3600), st, "maximize", 3)
@@ -72,9 +73,9 @@ def test_the_search_stops_early_enough_to_pay_the_confirmation():
     cfg = TuneConfig(time_budget=20 * 60)
     plan = plan_confirmation(cfg, st, "maximize", 3)
     now = time.monotonic()
-    # 12 minutes in: a trial (140 s) and the reserve (230 s) still fit in 8
+    # 12 minutes in: a trial (140 s) and the reserve (270 s) still fit in 8
     assert over_budget(cfg, st, now - 12 * 60, plan) is None
-    # 14.5 minutes in: they do not (370 s > 330 s)
+    # 14.5 minutes in: they do not (410 s > 330 s)
     why = over_budget(cfg, st, now - 14.5 * 60, plan)
     assert why is not None and "kept for the confirmation" in why
     assert over_budget(TuneConfig(), st, now - 10**6, plan) is None  # no budget
@@ -93,9 +94,9 @@ def test_a_capacity_launch_is_priced_as_a_loser_and_its_search_ends_in_time():
     assert c.capacity and c.next_s == c.start_s + c.run_s == 98 + 40
     cfg = TuneConfig(time_budget=1200)
     reserve = plan_confirmation(cfg, st, "maximize", candidates=2)
-    assert reserve.seconds == 2 * (98 + 40)
-    started = time.monotonic() - 757
-    assert over_budget(cfg, st, started, reserve) is None  # 138 + 276 <= 443
+    assert reserve.seconds == 2 * (98 + 40) + 40
+    started = time.monotonic() - 740
+    assert over_budget(cfg, st, started, reserve) is None  # 138 + 316 <= 460
     budget = trial_budget(cfg, started, reserve)
     assert budget is not None and budget.confirmed_later
     assert abs(budget.deadline - (started + 1200 - reserve.seconds)) < 1e-6

@@ -187,6 +187,23 @@ def test_capacity_engines_are_compared_by_their_brackets():
         "sglang: trial 1 20 [20, 22.5) (one run; 1.38x the best), its defaults 20")
 
 
+def test_a_confirmed_capacity_is_compared_by_the_confirmation_s_bracket():
+    """The search's bracket is one probe per load; once the fresh starts ran,
+    the confirmation's bracket is the one to compare by (run 13: the
+    winner's 27.5 held once in its search and failed on its fresh start)."""
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr(StudyAttr.ENGINES, ["vllm", "sglang"])
+    add(study, 27.5, "vllm", baseline=True, bracket=[27.5, 30.0])
+    add(study, 20.0, "sglang", baseline=True, bracket=[20.0, 30.0])
+    study.set_user_attr(StudyAttr.CONFIRMATION, {
+        "0": {"median": 25.0, "values": [25.0], "bracket": [25.0, 27.5]},
+        "1": {"median": 20.0, "values": [20.0], "bracket": [20.0, 25.0]}})
+    rows = {r["engine"]: r for r in engine_summary(study)}
+    assert rows["vllm"]["bracket"] == [25.0, 27.5] and rows["vllm"]["value"] == 25.0
+    # SGLang failed 25 on its fresh start, a load vLLM held there: separated
+    assert rows["sglang"]["bracket"] == [20.0, 25.0] and rows["sglang"]["separated"] is True
+
+
 def test_the_h200_engines_study_reads_vllm_best_and_sglang_not_separated(tmp_path):
     """The journal of `qtune search --engine vllm,sglang --objective capacity`
     on one H200 (run 11 of benchmarks/gpu-h200/RESULTS.md), read by today's

@@ -40,7 +40,12 @@ start)
   $venv/bin/python -c "import vllm, torch, optuna; print('vllm', vllm.__version__, 'torch', torch.__version__, 'optuna', optuna.__version__)" 2>&1 | grep -v -i warn | tail -1
   $venv/bin/python -m qtune probe > $Q/probe.txt 2>&1; echo "probe rc=$?"
   nvidia-smi -L
-  echo "REPO=$REPO; CONFIGS='${CONFIGS:-[{}, {\"max_num_seqs\": 442, \"max_num_batched_tokens\": 4096, \"stream_interval\": 1, \"max_cudagraph_capture_size\": 256}]}'" > $Q/chain.sh
+  # the configs travel in a file (run 14's first chain start lost them to quoting:
+  # the '}' of '{}' ends a ${VAR:-default} expansion)
+  run13_winner='{"max_num_seqs": 442, "max_num_batched_tokens": 4096, "stream_interval": 1, "max_cudagraph_capture_size": 256}'
+  configs=${CONFIGS:-}; [ -n "$configs" ] || configs="[{}, $run13_winner]"
+  printf '%s' "$configs" > $Q/cfg.json
+  echo 'CONFIGS=$(cat /tmp/qt/cfg.json)' > $Q/chain.sh
   cat >> $Q/chain.sh <<'EOC'
 cd /tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-vllm/bin/python
 s=$(date +%s)
