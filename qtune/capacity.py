@@ -190,6 +190,8 @@ class Probe:
         }
         if self.remeasure:
             out["remeasure"] = True
+        if self.retried:
+            out["retried"] = True
         if self.aborted:
             out["aborted"] = True
             out["saved_s"] = round(self.saved_s, 3)
@@ -262,14 +264,18 @@ class CapacityResult:
     @property
     def noise_band(self) -> tuple[float, float] | None:
         """(lowest load that failed, highest load that held) when the first is
-        below the second: the loads where one probe's verdict went either way.
+        not above the second: the loads where one probe's verdict went either
+        way (one load that held and then failed its re-measure is a band of
+        one load).  Within one window the bisection never fails below a load
+        that held, so a band pairs probes of the window and of the re-measure
+        over twice it.
         Near the knee a short window decides by luck: on one H200 the TPOT
         p99 of one config at 24 req/s read 14.9, 19.4 and 20.5 ms against a
         20 ms limit, and on 2 CPU cores one load held 3 of 6 probes.  A
         bracket finer than this band is finer than the measurement."""
         held = [p.load for p in self.probes if p.held]
         failed = [p.load for p in self.probes if not p.held and not p.retried]
-        if not held or not failed or min(failed) >= max(held):
+        if not held or not failed or min(failed) > max(held):
             return None
         return min(failed), max(held)
 
@@ -296,7 +302,7 @@ class CapacityResult:
             if (v := getattr(self, key)) is not None:
                 out[key] = v
         if (band := self.noise_band) is not None:
-            out["noise_band"] = list(band)
+            out["noise_band"] = {"lowest_failed": band[0], "highest_held": band[1]}
         out["steps"] = [p.to_dict() for p in self.probes]
         out["probes"] = len(self.probes)
         out["probes_s"] = round(self.probes_s, 3)
@@ -489,8 +495,9 @@ class _Search:
                            window_s=self.window if self.by_rate else None,
                            service_s=self.service_s, **kw)
         if r.found and r.decided and (band := r.noise_band) is not None:
-            r.decided += (f"; between {band[0]:g} and {band[1]:g} {self.unit} one probe's "
-                          "verdict went either way (noise, not load)")
+            where = (f"at {band[0]:g} {self.unit}" if band[0] == band[1]
+                     else f"between {band[0]:g} and {band[1]:g} {self.unit}")
+            r.decided += f"; {where} one probe's verdict went either way"
         return r
 
     def run(self) -> CapacityResult:

@@ -381,9 +381,21 @@ def test_verdicts_that_go_either_way_are_reported_as_a_noise_band():
     cap, _ = run(lambda rate, n: rate <= 8 or (rate <= 9 and n == 1))
     assert cap.found and cap.noise_band is not None
     lo, hi = cap.noise_band
-    assert lo < hi and lo <= cap.bracket[1] and hi > cap.value
-    assert cap.to_dict()["noise_band"] == [lo, hi]
-    assert f"between {lo:g} and {hi:g} req/s" in cap.decided
+    assert lo <= cap.bracket[1] and hi > cap.value
+    assert lo <= hi
+    assert cap.to_dict()["noise_band"] == {"lowest_failed": lo, "highest_held": hi}
+    assert (f"between {lo:g} and {hi:g} req/s" if lo < hi else f"at {lo:g} req/s") in cap.decided
+    # the soft failure measured again is marked, and is no failure of the band
+    soft, _ = run(lambda rate, n: "soft" if rate == 4 and n == 1 else rate <= 16)
+    assert soft.to_dict()["steps"][0].get("retried") is True
+
+
+def test_a_load_that_held_and_then_failed_its_re_measure_is_a_band_of_one_load():
+    """The plainest flip: 8 held over the window and failed over twice it."""
+    cap, _ = run(lambda rate, n: rate < 8 or (rate == 8 and n == 1))
+    assert cap.found and cap.noise_band is not None
+    lo, hi = cap.noise_band
+    assert lo <= 8 <= hi
 
 
 def test_a_monotone_search_has_no_noise_band_and_a_retried_soft_failure_is_no_failure():

@@ -59,9 +59,10 @@ class Costs:
     def fallback_s(self) -> float:
         """What a capacity confirmation adds for one fallback rung (a config
         that does not hold its capacity on its fresh start is probed once
-        more there, one rung lower: ``CapacityPlan.fallback``).  One rung is
-        the confirmation of a real gain: the defaults, challenged at the
-        winner's load, fail it and fall back to their own capacity."""
+        more there, one rung lower: ``CapacityPlan.fallback``).  One rung a
+        repeat is the confirmation of a real gain: the defaults, challenged
+        at the winner's load on each fresh start, fail it and fall back to
+        their own capacity."""
         return self.run_s if self.capacity else 0.0
 
 
@@ -134,7 +135,8 @@ def plan_confirmation(cfg: TuneConfig, study: optuna.Study, direction: str,
     top = max(1, min(cfg.confirm_top, candidates))
 
     def plan(k: int, r: int, why: str = "") -> ConfirmationPlan:
-        return ConfirmationPlan(k, r, (k + 1) * r * c.confirm_run_s + c.fallback_s, why)
+        # the defaults are challenged on each of their r fresh starts
+        return ConfirmationPlan(k, r, (k + 1) * r * c.confirm_run_s + r * c.fallback_s, why)
 
     if cfg.time_budget is None or cfg.confirm_fixed:
         return plan(top, cfg.confirm_repeats)

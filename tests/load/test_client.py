@@ -303,7 +303,9 @@ def test_done_then_connection_left_open_returns_promptly(after_done: bytes):
     s, wall = asyncio.run(main())
     assert s.ok, s.error
     assert s.output_tokens == 2
-    assert wall < 0.5  # not the 5 s request timeout
+    # not the 5 s request timeout (a margin for a busy core: the fast tier
+    # runs on one worker per core)
+    assert wall < 2.5
 
 
 # --- failures become samples ----------------------------------------------
@@ -420,7 +422,7 @@ def test_timeout_is_a_sample():
 
     s, wall = run_with(handler, timeout=0.1)
     assert not s.ok and "timeout" in (s.error or "")
-    assert wall < 0.6
+    assert wall < 0.95  # the 0.1 s timeout, not the handler's 1 s
 
 
 @pytest.mark.parametrize(

@@ -118,7 +118,8 @@ def test_duration_bound_stops_issuing():
     assert len(rec.reqs) == n
     first = min(s.start for s in res.samples)
     assert max(s.start for s in res.samples) <= first + duration + 0.01
-    assert wall < duration + 0.3  # in-flight ones finish; nothing new starts
+    # in-flight ones finish; nothing new starts (unbounded, it would run on)
+    assert wall < duration + 1.0
 
 
 def test_duration_bound_wins_over_a_large_request_count():

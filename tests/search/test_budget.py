@@ -49,7 +49,7 @@ def test_before_any_trial_after_the_defaults_a_trial_is_a_start_and_two_probes()
 def test_the_confirmation_is_sized_to_the_budget():
     """H200, issue 27: a 20-minute budget, starts of ~75 s and a confirmation
     probe of ~40 s: the defaults' 3 x 2 plan (8 fresh starts, 15 min) cannot
-    fit; the best config and the defaults once each (3.8 min) do."""
+    fit; the best config and the defaults once each (4.5 min) do."""
     st = _study([(480, 200, 60), (130, 70, 58), (150, 80, 62)])
     cfg = TuneConfig(time_budget=20 * 60)
     p = plan_confirmation(cfg, st, "maximize", candidates=3)
