@@ -271,7 +271,8 @@ class CapacityResult:
         over twice it.
         Near the knee a short window decides by luck: on one H200 the TPOT
         p99 of one config at 24 req/s read 14.9, 19.4 and 20.5 ms against a
-        20 ms limit, and on 2 CPU cores one load held 3 of 6 probes.  A
+        20 ms limit, and on 2 CPU cores 3 and 4 req/s each held 2 of 5
+        probes (benchmarks/results/verdict-noise-20261203).  A
         bracket finer than this band is finer than the measurement."""
         held = [p.load for p in self.probes if p.held]
         failed = [p.load for p in self.probes if not p.held and not p.retried]

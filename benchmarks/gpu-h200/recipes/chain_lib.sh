@@ -1,7 +1,7 @@
 # Sourced by the device scripts (device_run.sh, capacity_run.sh, sglang_run.sh,
-# engines_run.sh).  The chain they write to $Q/chain.sh runs in its own session (setsid),
-# so it outlives the call that started it; each call then waits for it up to $LIMIT
-# seconds (a call may run 600 s).
+# engines_run.sh, trialcost_run.sh, fvf_run.sh).  The chain they write to $Q/chain.sh
+# runs in its own session (setsid), so it outlives the call that started it; each
+# call then waits for it up to $LIMIT seconds (a call may run 600 s).
 start_chain() {
   setsid nohup bash $Q/chain.sh > $Q/chain.out 2>&1 < /dev/null &
 }
@@ -21,4 +21,41 @@ join_parts() {
 # travels xz-compressed (148 MB) as DIR/flash_ops.xz; back into the install in SITE.
 put_back_flash_ops() {
   xz -dc $1/flash_ops.xz > $2/sgl_kernel/flash_ops.abi3.so || exit 3
+}
+# copy_part N: the carried vLLM part .vwheels/pN into /tmp/wh/v (one part a call,
+# under the carry limit).
+copy_part() {
+  cp .vwheels/p$1/* /tmp/wh/v/ && ls /tmp/wh/v | tr '\n' ' ' && nvidia-smi -L
+}
+# install_vllm_venv: what the vLLM recipes' "start" does before their chain: copy
+# the repo to /tmp/qrepo, the last part (.vwheels/p$LAST; all.sha and .qwheels
+# carried with it), join and check the set, install it into /tmp/venv-vllm, a venv
+# that sees the image's torch after its own packages, then probe.  Sets REPO and
+# leaves the shell in /tmp/qrepo; exit 3 if the set is not whole.
+install_vllm_venv() {
+  date +%s > $Q/t0; REPO=$PWD
+  rm -rf /tmp/qrepo && mkdir -p /tmp/qrepo && cp -r qtune examples benchmarks pyproject.toml \
+    /tmp/qrepo/ && mkdir -p /tmp/qrepo/studies /tmp/qrepo/profiles
+  cp .vwheels/p${LAST:-7}/* /tmp/wh/v/ || exit 3
+  t=$(date +%s)
+  IMAGE_SITE=$(python3 -c "import site; print(site.getsitepackages()[0])")
+  join_parts /tmp/wh/v $REPO/.vwheels/all.sha; cd /tmp/wh/v
+  venv=/tmp/venv-vllm
+  python3 -m venv --without-pip $venv || exit 3
+  SP=$($venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  echo "import site; site.addsitedir('$IMAGE_SITE')" > $SP/zz-image-site.pth
+  # .qwheels (carried with the last part): qtune's CLI stack at the versions CI tests
+  # (typer, click, rich and theirs), over whatever the image holds
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SP \
+    /tmp/wh/v/w/*.whl $REPO/.qwheels/*.whl 2>&1 | tail -3
+  xz -dc vllm-tree.tar.xz | tar xf - -C $SP
+  # pip compiles what it installs unless told not to (--no-compile above, to
+  # keep the install short): without the bytecode each server process of the
+  # first trial compiles vLLM's modules again (run 12: 68 s of process start)
+  $venv/bin/python -m compileall -q -j 16 $SP > /dev/null 2>&1
+  echo "install_s=$(( $(date +%s)-t ))"
+  cd /tmp/qrepo
+  $venv/bin/python -c "import vllm, torch, optuna; print('vllm', vllm.__version__, 'torch', torch.__version__, 'optuna', optuna.__version__)" 2>&1 | grep -v -i warn | tail -1
+  $venv/bin/python -m qtune probe > $Q/probe.txt 2>&1; echo "probe rc=$?"
+  nvidia-smi -L
 }

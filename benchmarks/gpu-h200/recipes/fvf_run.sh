@@ -13,33 +13,9 @@ Q=/tmp/qt; mkdir -p $Q /tmp/wh/v
 T_CALL=$(date +%s)
 case "$1" in
 copy)
-  cp .vwheels/p$2/* /tmp/wh/v/ && ls /tmp/wh/v | tr '\n' ' ' && nvidia-smi -L; exit 0 ;;
+  copy_part "$2"; exit 0 ;;
 start)
-  date +%s > $Q/t0; REPO=$PWD
-  rm -rf /tmp/qrepo && mkdir -p /tmp/qrepo && cp -r qtune examples benchmarks pyproject.toml \
-    /tmp/qrepo/ && mkdir -p /tmp/qrepo/studies /tmp/qrepo/profiles
-  cp .vwheels/p${LAST:-7}/* /tmp/wh/v/ || exit 3
-  t=$(date +%s)
-  IMAGE_SITE=$(python3 -c "import site; print(site.getsitepackages()[0])")
-  join_parts /tmp/wh/v $REPO/.vwheels/all.sha; cd /tmp/wh/v
-  venv=/tmp/venv-vllm
-  python3 -m venv --without-pip $venv || exit 3
-  SP=$($venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  echo "import site; site.addsitedir('$IMAGE_SITE')" > $SP/zz-image-site.pth
-  # .qwheels (carried with the last part): qtune's CLI stack at the versions CI tests
-  # (typer, click, rich and theirs), over whatever the image holds
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SP \
-    /tmp/wh/v/w/*.whl $REPO/.qwheels/*.whl 2>&1 | tail -3
-  xz -dc vllm-tree.tar.xz | tar xf - -C $SP
-  # pip compiles what it installs unless told not to (--no-compile above, to
-  # keep the install short): without the bytecode each server process of the
-  # first trial compiles vLLM's modules again (run 12: 68 s of process start)
-  $venv/bin/python -m compileall -q -j 16 $SP > /dev/null 2>&1
-  echo "install_s=$(( $(date +%s)-t ))"
-  cd /tmp/qrepo
-  $venv/bin/python -c "import vllm, torch, optuna; print('vllm', vllm.__version__, 'torch', torch.__version__, 'optuna', optuna.__version__)" 2>&1 | grep -v -i warn | tail -1
-  $venv/bin/python -m qtune probe > $Q/probe.txt 2>&1; echo "probe rc=$?"
-  nvidia-smi -L
+  install_vllm_venv
   # the configs travel in a file (run 14's first chain start lost them to quoting:
   # the '}' of '{}' ends a ${VAR:-default} expansion)
   run13_winner='{"max_num_seqs": 442, "max_num_batched_tokens": 4096, "stream_interval": 1, "max_cudagraph_capture_size": 256}'
