@@ -311,6 +311,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    from qtune import seeds
     from qtune.engines.base import SpaceContext
     from qtune.engines.vllm import VLLM
     from qtune.host import probe
@@ -361,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.prewarm:
             wl = Workload(a.input_len, a.output_len, rate=a.rate,
                           requests=a.prewarm, warmup_requests=0,
-                          seed=a.seed + 1_000_003)
+                          seed=seeds.warmup(a.seed))
             asyncio.run(run_load(spec.base_url, spec.served_model, wl, tokenizer=tok))
         for i in range(a.repeats):
             for client in ("qtune", "vllm"):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qtune import seeds
 from qtune.engines import any_engine_cache_reset_paths, any_engine_metric_names
 from qtune.errors import InputError, UnreachableError, mask_url, printable
 from qtune.launch import IGNORE_EOS, MetricNames
@@ -31,6 +32,7 @@ from qtune.load.http import request_json
 from qtune.load.workload import ServerTokenizer, Workload
 from qtune.metrics import goodput, in_flight_at_sends, keeps_up, metric_value, summarize
 from qtune.objectives import SLO
+from qtune.seeds import Phase
 from qtune.stats import bootstrap_median, ratio_ci
 
 # Metrics reported across repeats and comparisons.
@@ -292,7 +294,8 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
         for k, url in enumerate(cfg.urls):
             if progress:
                 progress(f"run {rep + 1}/{cfg.repeat} on {mask_url(url)}")
-            wl = dataclasses.replace(cfg.workload, seed=cfg.workload.seed + rep)
+            wl = dataclasses.replace(cfg.workload,
+                                     seed=seeds.seed(cfg.workload.seed, Phase.RUN, rep))
             runs[k].append(measure(url, models[k], wl, cfg, progress=progress))
     if len(cfg.urls) == 1 and cfg.repeat == 1:
         out.update(runs[0][0])

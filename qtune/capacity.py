@@ -47,10 +47,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from qtune import seeds
 from qtune.bench import KEY_METRICS, BenchConfig, endpoint_header, falls_behind, measure
 from qtune.errors import InputError
 from qtune.metrics import certain_failure, metric_value, slo_bounds
 from qtune.objectives import SLO
+from qtune.seeds import Phase
 
 Progress = Callable[[str], None]
 
@@ -72,9 +74,6 @@ NEAR_LIMIT = 0.8
 # over the server's throughput: the next one goes just under what it served.
 CLEAR_OVERLOAD = 0.8
 UNDER_SERVED = 0.9
-# Each probe draws its prompts from a seed of its own: a probe that re-sent an
-# earlier probe's prompts would find them in the prefix cache.
-PROBE_SEED_STRIDE = 104_729
 FAST, FULL = "fast", "full"
 
 
@@ -345,7 +344,9 @@ class _Search:
     def probe(self, x: float, scale: float = 1.0, again: bool = False) -> bool:
         wl = self.cfg.workload
         n = self.requests_for(x, scale)
-        seed = wl.seed + PROBE_SEED_STRIDE * (len(self.b.probes) + 1)
+        # a probe that re-sent an earlier probe's prompts would find them in
+        # the prefix cache: each draws from a seed of its own
+        seed = seeds.seed(wl.seed, Phase.PROBE, len(self.b.probes) + 1)
         w = (dataclasses.replace(wl, rate=x, requests=n, duration=None, seed=seed)
              if self.by_rate else dataclasses.replace(wl, concurrency=int(x), seed=seed))
         if self.progress:

@@ -29,6 +29,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from qtune import seeds
 from qtune.bench import (
     BenchConfig,
     check_url,
@@ -45,6 +46,7 @@ from qtune.load.workload import Workload
 from qtune.metrics import metric_value
 from qtune.objectives import Objective, get_objective, parse_slo, worse_by
 from qtune.profile import Profile
+from qtune.seeds import Phase
 
 AS_TUNED, SLOWER, NOT_TUNED = 0, 4, 5
 # One measurement's agreement with another of the same server (see above).
@@ -213,8 +215,8 @@ def check(profile: Profile, url: str, *, requests: int | None = None, repeat: in
     for i in range(repeat):
         if progress:
             progress(f"run {i + 1}/{repeat}")
-        runs.append(measure(url, served, dataclasses.replace(wl, seed=wl.seed + i), cfg,
-                            progress=progress))
+        w = dataclasses.replace(wl, seed=seeds.seed(wl.seed, Phase.CHECK, i))
+        runs.append(measure(url, served, w, cfg, progress=progress))
     out["runs"] = [{k: r.get(k) for k in ("ttft_ms", "tpot_ms", "e2e_ms",
                                           "request_throughput", "completed", "failed")}
                    for r in runs]

@@ -17,7 +17,7 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text as _RichText
 
-from qtune.errors import QtuneError, mask_url, printable, redact
+from qtune.errors import QtuneError, clip, mask_url, printable, redact
 from qtune.metrics import overload_text
 
 
@@ -732,7 +732,7 @@ def render_report(res: dict[str, Any]) -> None:
             what = f"{r['engine']}: {what}"
         if r["status"] not in ("ok",) or r.get("reason") == "quality_loss":
             why = "" if r["reason"] == r["status"] else f"{r['reason']}: "
-            what = f"{why}{str(r['detail'])[:200]}" if r["detail"] else what
+            what = f"{why}{clip(str(r['detail']), 300)}" if r["detail"] else what
         loss = _number(r.get("quality_loss"))
         quality = [] if not scored else ["-" if loss is None else f"{loss * 100:+.2f}%"]
         acc = _number(r.get("spec_acceptance"))
@@ -795,6 +795,8 @@ def render_recommendation(rec: dict[str, Any]) -> None:
                            + ("none above it" if failed is None else f"{failed:g}")))
         if f.get("decided"):
             out.print(Text(printable(f"  decided:   {f['decided']}")))
+    if rec.get("slo"):
+        out.print(Text(printable("  slo:       " + "; ".join(rec["slo"]))))
     on = rec["measured_on"]
     out.print(Text(printable(f"  measured:  {on['accelerator']}, {on['engine']}, "
                              f"model {on['model']}")))

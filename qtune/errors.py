@@ -137,6 +137,16 @@ def printable(text: str) -> str:
     return _CONTROL_RE.sub(lambda m: ascii(m[0])[1:-1], text)
 
 
+def clip(text: str, limit: int) -> str:
+    """``text`` no longer than ``limit`` characters, cut at a word with "…"
+    (a reason cut mid-word read "it cannot wi" in the HTML report)."""
+    if len(text) <= limit:
+        return text
+    head = text[:max(limit - 1, 1)]
+    space = head.rfind(" ")
+    return (head[:space] if space > limit // 2 else head).rstrip(" ,;:") + "…"
+
+
 class QtuneError(Exception):
     """Base of every user-facing error: ``message`` plus an optional ``hint``.
     ``exit_code``: what ``qtune`` exits with (docs/reference/errors.md)."""

@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from qtune import seeds
 from qtune.bench import BenchConfig, measure
 from qtune.capacity import CapacityPlan, CapacityResult, find_capacity
 from qtune.engines.base import Failure
 from qtune.errors import ServerError
 from qtune.launch import LaunchSpec, StartPhases
 from qtune.load.workload import Workload
+from qtune.seeds import Phase
 from qtune.server import Server
 
 T = TypeVar("T")
@@ -133,7 +135,8 @@ def measure_load(spec: LaunchSpec, bench: BenchConfig, wl: Workload | None = Non
         # study's load with prompts no probe sent.
         summary = dict(cap.summary_at_value() or measure(
             spec.base_url, spec.served_model,
-            dataclasses.replace(wl, seed=wl.seed + 1), bench, progress=progress))
+            dataclasses.replace(wl, seed=seeds.seed(wl.seed, Phase.FIRST_LOAD)), bench,
+            progress=progress))
         summary["capacity"] = cap.to_dict()
     else:
         summary = measure(spec.base_url, spec.served_model, wl, bench,

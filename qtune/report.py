@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from qtune.errors import InputError, StudyError, mask_url, printable
+from qtune.errors import InputError, StudyError, clip, mask_url, printable
 from qtune.files import check_target, csv_text, write_atomic
 from qtune.objectives import get_objective
 from qtune.recommendation import Recommendation, recommend, unit_of
@@ -271,14 +271,15 @@ def _kind(r: Any, best: int | None) -> str:
     return "failed"
 
 
-def _why(r: Any) -> str:
-    """A trial's tooltip: its status, reason, and in a fleet its worker and
-    the retry that replaced it."""
+def _why(r: Any, limit: int | None = 200) -> str:
+    """A trial's tooltip (its detail clipped at a word to ``limit``; whole
+    with None, for the list of failures): its status, reason, and in a fleet
+    its worker and the retry that replaced it."""
     parts = [f"trial {r.trial}: {r.status}"]
     if isinstance(r.reason, str) and r.reason != r.status:
         parts.append(r.reason)
     if isinstance(r.detail, str) and r.detail:
-        parts.append(r.detail[:200])
+        parts.append(r.detail if limit is None else clip(r.detail, limit))
     for key, label in (("worker", "worker"), ("retry_of", "re-runs trial"),
                        ("retried_by", "re-run as trial")):
         v = getattr(r, key)
@@ -303,7 +304,9 @@ def history_svg(df: Any, objective: str, maximize: bool, unit: str = "",
     xs = [float(r.trial) for r in table]
     ys = [float(r.value) for r in table if r.value is not None]
     ylabel = f"{objective} ({unit})" if unit else objective
-    out, fx, fy = _plot(f"optimisation history: {objective}", "trial", ylabel, xs, ys,
+    better = "higher" if maximize else "lower"
+    out, fx, fy = _plot(f"optimisation history: {objective} ({better} is better)", "trial",
+                        ylabel, xs, ys,
                         lane=len(ys) < len(table))
     running, pts, kinds = None, [], set()
     for r in table:
@@ -577,6 +580,9 @@ def recommendation_html(rec: Recommendation) -> str:
             how = f"; {html.escape(f.decided)}" if f.decided else ""
             items.append(f"<li><b>Capacity bracket</b>: held {f.bracket[0]:g} {f.unit}, "
                          f"failed at {top}{how}</li>")
+    if rec.slo:
+        items.append("<li><b>SLO</b> (the winner's run): "
+                     f"{html.escape('; '.join(rec.slo))}</li>")
     on = rec.measured_on
     items.append(f"<li><b>Measured on</b>: {html.escape(on['accelerator'])}, "
                  f"{html.escape(on['engine'])}, model {html.escape(on['model'])}; "
@@ -612,7 +618,7 @@ def render_html(study: optuna.Study, url: str, df: Any, imp: dict[str, float],
     best = rec.trial
     fails = df[~df["status"].isin([TrialStatus.OK])] if not df.empty else df
     quality = _quality_html(study, df)
-    fail_rows = "".join(f"<li>{html.escape(_why(r))}</li>" for r in rows(fails))
+    fail_rows = "".join(f"<li>{html.escape(_why(r, None))}</li>" for r in rows(fails))
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>qtune report: {html.escape(study.study_name)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}}

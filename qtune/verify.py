@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from qtune import seeds
 from qtune.bench import KEY_METRICS, BenchConfig
 from qtune.engines import get_engine, on_this_host
 from qtune.engines.base import SpaceContext
@@ -26,6 +27,7 @@ from qtune.metrics import metric_value
 from qtune.model import resolve_model
 from qtune.objectives import SLO, get_objective, lower_is_better, parse_slo
 from qtune.profile import Profile
+from qtune.seeds import Phase
 from qtune.server import free_port
 from qtune.stats import bootstrap_median, ratio_ci
 
@@ -112,7 +114,8 @@ def measure_sides(
 
     The order rotates by one side per repeat (ABBA for two), so a drift of the
     machine over the session does not favour a side; repeat r uses the
-    workload's seed + r on every side, so the sides see the same prompts."""
+    workload's round-r seed (``seeds.Phase.VERIFY``) on every side, so the sides see
+    the same prompts."""
     engine = get_engine(engine_name)
     # The engine's own spec, with each side's command in it: its watch
     # patterns and this host's run defaults (vLLM: the shared compile cache)
@@ -130,7 +133,7 @@ def measure_sides(
         port = free_port()
         spec = dataclasses.replace(ref, argv=tuple(_with_port(side.argv, port)),
                                    env=side.env, port=port)
-        w = dataclasses.replace(wl, seed=wl.seed + r)
+        w = dataclasses.replace(wl, seed=seeds.seed(wl.seed, Phase.VERIFY, r))
         cfg = BenchConfig(urls=[spec.base_url], workload=w, model=served,
                           tokenizer=ctx.model.tokenizer_dir, slo=slo or [],
                           metric_names=engine.metric_names(),

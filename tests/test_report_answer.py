@@ -228,3 +228,35 @@ def test_a_study_of_an_unknown_objective_still_reports(tmp_path, monkeypatch):
     study.tell(t, 5.0)
     res = report("o", None, html_path=tmp_path / "o.html")
     assert res["recommendation"]["kept_defaults"]
+
+
+def test_the_recommendation_names_the_slo_closest_to_its_limit():
+    """Run 15 on one H200: the defaults' capacity stopped at TPOT p99 19.4 ms
+    against 20 (97%), TTFT at 43% of its limit; the first screen says which
+    limit binds, from the stored checks of the winner's run."""
+    from qtune.recommendation import slo_headroom
+
+    summary = {"goodput": {"checks": {
+        "ttft_p99<=500ms": {"value": 215.3, "met": True},
+        "tpot_p99<=20ms": {"value": 19.4, "met": True},
+        "not an slo": {"value": 1.0, "met": True}}}}
+    rows = slo_headroom(summary)
+    assert rows == ["tpot_p99 19.4 ms against <= 20 ms (97% of the limit), the closest",
+                    "ttft_p99 215.3 ms against <= 500 ms (43% of the limit)"]
+    broken = slo_headroom({"goodput": {"checks": {"e2e_p99<=3000ms": {"value": 3600.0,
+                                                                     "met": False}}}})
+    assert broken == ["e2e_p99 3,600 ms against <= 3000 ms (120% of the limit, broken)"]
+    assert slo_headroom(None) == [] and slo_headroom({"goodput": {}}) == []
+
+
+def test_a_reason_is_clipped_at_a_word_in_tooltips_and_whole_in_the_list(tmp_path):
+    from qtune.report import _why
+
+    class R:
+        trial, status, reason = 3, "pruned", "below_incumbent"
+        detail = "did not hold 26.4 req/s " + "x " * 150 + "it cannot win, so one probe decided"
+        worker = retry_of = retried_by = None
+
+    tip = _why(R())
+    assert tip.endswith("…") and "it cannot wi" not in tip and len(tip) < 260
+    assert _why(R(), None).endswith("it cannot win, so one probe decided")

@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from qtune import seeds
 from qtune.launch import IGNORE_EOS, MetricNames
 from qtune.load.client import RequestSample, build_body, sample_checks, send
 from qtune.load.workload import (
@@ -266,10 +267,10 @@ async def run_load(
         w0 = time.perf_counter()
         if wl.warmup_requests:
             warm_source = await asyncio.to_thread(
-                RequestSource, wl, tokenizer, wl.seed + 1_000_003)
+                RequestSource, wl, tokenizer, seeds.warmup(wl.seed))
             warm, _, _ = await _phase(
                 session, url, model, wl, warm_source, wl.warmup_requests,
-                None, wl.seed + 1, "warm-up", progress, None, fields=request_fields,
+                None, seeds.warmup(wl.seed), "warm-up", progress, None, fields=request_fields,
             )
         warmup_s = time.perf_counter() - w0
         cache_reset = (await _reset_prefix_cache(session, base_url, reset_paths)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import optuna
 
 from qtune.search.config import TuneConfig
-from qtune.search.records import Attr, TrialStatus
+from qtune.search.records import BELOW, Attr, TrialStatus
 
 # The share of the budget the confirmation may take when qtune sizes it:
 # enough for the best config and the defaults on one fresh start each with
@@ -44,11 +44,20 @@ class Costs:
     # below the incumbent costs (a trial that holds the floor is searched
     # until the deadline, ``trial_budget``, so it cannot overrun).
     capacity: bool = False
+    # The median floor probe of the trials with a floor (None before one):
+    # what a loser's one probe costs.  It stops as soon as its failure is
+    # certain, so it is shorter than a whole window: on one H200 (run 13)
+    # 16-22 s against a median probe of 33 s.
+    floor_probe_s: float | None = None
 
     @property
     def next_s(self) -> float:
-        """What the launch gate prices the next trial at."""
-        return self.start_s + self.run_s if self.capacity else self.trial_s
+        """What the launch gate prices the next trial at: for a capacity
+        study, a start and one floor probe."""
+        if not self.capacity:
+            return self.trial_s
+        return self.start_s + (self.floor_probe_s if self.floor_probe_s is not None
+                               else self.run_s)
 
     @property
     def confirm_run_s(self) -> float:
@@ -96,14 +105,22 @@ def costs(study: optuna.Study) -> Costs:
     totals = [a[Attr.TOTAL_S] for t in trials
               if (a := t.user_attrs).get(Attr.TOTAL_S) and not a.get(Attr.BASELINE)]
     starts = [a[Attr.STARTUP_S] for t in trials if (a := t.user_attrs).get(Attr.STARTUP_S)]
-    runs, probes = [], []
+    runs, probes, floor_probes = [], [], []
     for t in trials:
         a = t.user_attrs
-        if a.get(Attr.STATUS) != TrialStatus.OK or Attr.SERVER_OF in a:
+        # a config below the incumbent is pruned, its one probe kept apart
+        below = a.get(Attr.STATUS) == TrialStatus.PRUNED and a.get(Attr.REASON) == BELOW
+        if (a.get(Attr.STATUS) != TrialStatus.OK and not below) or Attr.SERVER_OF in a:
             continue
-        cap = (a.get(Attr.SUMMARY) or {}).get("capacity") or {}
-        probes += [float(st["elapsed_s"]) for st in cap.get("steps") or []
-                   if st.get("elapsed_s") and not st.get("remeasure")]
+        cap = (a.get(Attr.PARTIAL_SUMMARY if below else Attr.SUMMARY) or {}).get(
+            "capacity") or {}
+        steps = [float(st["elapsed_s"]) for st in cap.get("steps") or []
+                 if st.get("elapsed_s") and not st.get("remeasure")]
+        if cap.get("floor") is not None and steps:
+            floor_probes.append(steps[0])
+        if below:
+            continue  # stopped early: no price for a confirmation's whole window
+        probes += steps
         if not cap and a.get(Attr.MEASURE_S):
             runs.append(float(a[Attr.MEASURE_S]))
     if len(starts) > 1:
@@ -119,7 +136,8 @@ def costs(study: optuna.Study) -> Costs:
     run = _median(probes) if probes else _median(runs)
     trial = _median(totals) if totals else \
         start + (2 * _median(probes) if probes else run)
-    return Costs(start_s=start, run_s=run, trial_s=trial, capacity=bool(probes))
+    return Costs(start_s=start, run_s=run, trial_s=trial, capacity=bool(probes),
+                 floor_probe_s=_median(floor_probes) if floor_probes else None)
 
 
 def plan_confirmation(cfg: TuneConfig, study: optuna.Study, direction: str,

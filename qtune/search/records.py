@@ -17,6 +17,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+# The reason of a capacity trial that did not hold the incumbent's capacity
+# (pruned after its one floor probe, which is kept as its partial summary).
+BELOW = "below_incumbent"
+
 
 class TrialStatus(StrEnum):
     """What became of a trial (the ``status`` attribute)."""

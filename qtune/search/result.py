@@ -24,6 +24,7 @@ from qtune.search.choice import engine_summary, summary_lines
 from qtune.search.fleet import FleetAttr
 from qtune.search.inputs import Prepared, at_load
 from qtune.search.records import (
+    BELOW,
     LAUNCHED,
     Attr,
     StudyAttr,
@@ -186,7 +187,7 @@ def finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     if any(caps):
         # --objective capacity: configs decided by one probe at the best
         # capacity so far, and what stopping failed probes early saved.
-        pruning["below_incumbent"] = sum(1 for t in trials if t.reason == "below_incumbent")
+        pruning["below_incumbent"] = sum(1 for t in trials if t.reason == BELOW)
         pruning["probes"] = sum(len(c.get("steps") or []) for c in caps)
         pruning["probe_s_saved"] = round(sum(c.get("saved_s") or 0.0 for c in caps), 3)
     return TuneResult(prep.study_name, prep.storage_url, best, baseline, trials,

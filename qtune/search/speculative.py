@@ -26,16 +26,13 @@ from qtune.search.records import Attr, StudyAttr, TrialRecord, TrialStatus
 from qtune.search.reporter import Reporter
 from qtune.search.result import summary_line, winner
 from qtune.search.trial import remeasure
+from qtune.seeds import Phase
 from qtune.stats import bootstrap_median, ratio_ci
 
 # Launches a trial no sampler chose: (params, attrs, note), the runner's
 # _run_unsampled.
 Launch = Callable[[dict[str, Any], dict[str, Any], str], None]
 
-# Prompts of the A/B rounds: a seed offset no other phase uses (the
-# confirmation takes seed + 1 + repeat), so no round meets cached prefixes
-# or repeats another phase's prompts.
-_SEED_OFFSET = 1000
 
 
 def spec_view(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -170,6 +167,6 @@ def _ab(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: Report
             accept.append(view["acceptance_rate"] if view else None)
 
     values, failures = remeasure(prep, items, repeats, reporter, phase="speculative A/B",
-                                 log_name="spec-ab", seed_offset=_SEED_OFFSET,
+                                 log_name="spec-ab", seed_phase=Phase.SPECULATIVE,
                                  on_run=acceptance)
     return values, failures, accept

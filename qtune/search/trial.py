@@ -12,6 +12,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from qtune import seeds
 from qtune.capacity import CapacityPlan, CapacityResult
 from qtune.engines import trial_spec
 from qtune.errors import ServerError
@@ -24,9 +25,10 @@ from qtune.search.budget import TrialBudget
 from qtune.search.config import TuneConfig
 from qtune.search.inputs import Prepared, at_load
 from qtune.search.pruning import make_pruner
-from qtune.search.records import Attr, TrialRecord, TrialStatus, feasible, write_record
+from qtune.search.records import BELOW, Attr, TrialRecord, TrialStatus, feasible, write_record
 from qtune.search.reporter import Reporter
 from qtune.search.result import best_trial
+from qtune.seeds import Phase
 from qtune.server import free_port
 
 # Infrastructure faults say nothing about the configuration: retry them.
@@ -257,7 +259,7 @@ def _tell_below(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
     good = metric_value(summary, "goodput")
     if good is not None and math.isfinite(good):
         trial.report(good, step=1)
-    rec.status, rec.reason = TrialStatus.PRUNED, "below_incumbent"
+    rec.status, rec.reason = TrialStatus.PRUNED, BELOW
     rec.detail = cap.reason
     rec.partial_summary, rec.summary = summary, None
     write_record(trial, rec)
@@ -311,12 +313,12 @@ def bench_config(prep: Prepared, spec: Any, wl: Any) -> Any:
 
 
 def remeasure(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: Reporter,
-              *, phase: str, log_name: str, seed_offset: int, on_run: Any = None,
+              *, phase: str, log_name: str, seed_phase: Phase, on_run: Any = None,
               at: dict[int, float] | None = None,
               ) -> tuple[dict[int, list[float]], dict[int, int]]:
     """Each of ``items`` measured ``repeats`` times more, each time on a fresh
     start, in rotated order (``interleaved``), each round with prompts of its
-    own (the workload seed + ``seed_offset`` + round): the objective's values
+    own (``seed_phase``'s seed of the round, ``qtune.seeds``): the objective's values
     per trial number, and the rounds that failed (no start, or a failed
     request).  ``on_run(record, summary)`` sees every measured round.  The
     top-K confirmation and the speculative-decoding A/B both re-measure so.
@@ -330,7 +332,7 @@ def remeasure(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: 
         sub = prep.of(r.engine)  # --engine a,b: the trial's own engine
         spec = trial_spec(sub.engine, r.params, sub.ctx, free_port())
         log = prep.study_dir / f"{log_name}-{r.number:03d}-{rep}.log"
-        wl = dataclasses.replace(cfg.workload, seed=cfg.workload.seed + seed_offset + rep)
+        wl = dataclasses.replace(cfg.workload, seed=seeds.seed(cfg.workload.seed, seed_phase, rep))
         try:
             m = measure_server(spec, log, bench_config(sub, spec, wl),
                                startup_timeout=cfg.startup_timeout,
@@ -369,7 +371,7 @@ def _lower_levels(prep: Prepared, spec: Any, n: int,
     out = []
     for i, level in enumerate(sorted(cfg.levels)[:-1]):
         wl = dataclasses.replace(at_load(cfg.workload, level),
-                                 seed=cfg.workload.seed + 7919 * (i + 1))
+                                 seed=seeds.seed(cfg.workload.seed, Phase.LEVEL, i + 1))
 
         def progress(text: str, level: float = level) -> None:
             reporter.trial_phase(n, "measuring", f"level {level:g}: {text}")

@@ -284,3 +284,17 @@ def test_the_generator_reaches_both_outcomes(tmp_path):
     check_kubernetes(odd, emit(odd, "kubernetes"))
     data = odd.model_dump(mode="json") | {"notes": ["x\n---\nkind: Pod"]}
     assert load(tmp_path, data) is None
+
+
+@given(st.text(), st.integers(2, 400))
+def test_clip_keeps_a_prefix_no_longer_than_its_limit(text, limit):
+    """Untrusted text (a trial's reason) clipped for a tooltip or a table:
+    never longer than asked, a prefix of the text, whole when it fits."""
+    from qtune.errors import clip
+
+    out = clip(text, limit)
+    assert len(out) <= limit
+    if len(text) <= limit:
+        assert out == text
+    else:
+        assert out.endswith("…") and text.startswith(out[:-1])

@@ -16,7 +16,10 @@ item 4).  For each engine, in turn and alone on the GPU:
 
 Prints the engine client's figures beside qtune's re-measure and writes them as JSON.
 With ``--which winner,defaults`` (issue 27), instead of each engine's best: the winner of
-the profile given and the engine defaults' trial, the winner first.
+the profile given and the engine defaults' trial, the winner first.  ``--at confirmed``:
+each at the lowest load it held on its fresh starts in the study's confirmation (the
+profile's ``confirmation``), not the search's capacity; ``--scale 2``: over twice the
+search probe's window of arrivals at that rate (issue 27: "twice the window").
 
     python engines_crosscheck.py /tmp/qt/eng.log --slo ttft_p99=1000,tpot_p99=30 \\
         --input-len 1024 --output-len 256 --json /tmp/qt/crosscheck.json
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -93,6 +97,17 @@ def targets(journal: str, which: str,
     if base is not None and base.number != won:
         out.append(("defaults", base))
     return out
+
+
+def confirmation(profile: Path | None) -> dict[str, Any]:
+    """The profile's confirmation by trial number (``metrics.confirmation``):
+    per fresh start, the load it held (``held``)."""
+    if profile is None:
+        return {}
+    import yaml
+
+    doc = yaml.safe_load(profile.read_text()) or {}
+    return dict((doc.get("metrics") or {}).get("confirmation") or {})
 
 
 def counters(url: str, names: tuple[str, str]) -> tuple[float, float] | None:
@@ -164,8 +179,13 @@ def main() -> int:
                     help="each engine's best, or the profile's winner and the defaults")
     ap.add_argument("--profile", type=Path, default=None,
                     help="with --which winner,defaults: the profile naming the winner")
+    ap.add_argument("--at", default="search", choices=("search", "confirmed"),
+                    help="the search's capacity, or what the confirmation's fresh starts held")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="windows of arrivals: the deciding probe's requests times this")
     ap.add_argument("--json", type=Path, required=True)
     a = ap.parse_args()
+    confirmed = confirmation(a.profile) if a.at == "confirmed" else {}
     slo = {k: float(v) for k, v in (x.split("=") for x in a.slo.split(","))}
     work = a.json.parent
     done: dict[str, Any] = json.loads(a.json.read_text()) if a.json.exists() else {}
@@ -182,6 +202,14 @@ def main() -> int:
             print(f"{label}: trial {t.number} has no capacity to cross-check", flush=True)
             continue
         rate, n = float(cap["value"]), int(held[-1]["requests"])
+        at = "search"
+        fresh = [v for v in (confirmed.get(str(t.number)) or {}).get("held") or []
+                 if v is not None]
+        if fresh:
+            at, rate = "confirmed", float(min(fresh))
+        if cap.get("window_s"):
+            n = math.ceil(rate * float(cap["window_s"]))
+        n = math.ceil(n * a.scale)
         argv, env = list(t.user_attrs["argv"]), dict(t.user_attrs.get("env") or {})
         name = argv[argv.index("--served-model-name") + 1]
         tok = argv[argv.index("--tokenizer-path" if "--tokenizer-path" in argv
@@ -194,7 +222,7 @@ def main() -> int:
             ready = srv.wait_ready(900)
             url = spec.base_url
             print(f"{label}: trial {t.number} ready after {ready:.0f} s; "
-                  f"its client at {rate:g} req/s, {n} requests", flush=True)
+                  f"its client at {rate:g} req/s ({at}), {n} requests", flush=True)
             before = counters(url, COUNTERS[eng])
             bench = vllm_bench if eng == "vllm" else sglang_bench
             r = bench(argv[0], url, name, tok, a, rate, n, seed, work)
@@ -208,7 +236,7 @@ def main() -> int:
         r["served_share"] = r["req_s"] / rate
         qt = {k: held[-1].get(k) for k in ("ttft_p99", "tpot_p99", "e2e_p99", "throughput",
                                             "requests", "prefix_cache_hit_rate")}
-        done[label] = {"engine": eng, "trial": t.number,
+        done[label] = {"engine": eng, "trial": t.number, "at": at, "scale": a.scale,
                        "baseline": bool(t.user_attrs.get("baseline")),
                        "params": t.user_attrs.get("launch_params"), "capacity": rate,
                        "requests": n, "startup_s": ready, "engine_client": r, "qtune": qt}

@@ -9,7 +9,9 @@
 #                             --time-budget 20 (default space: lossless on random weights),
 #                             its report and emitted files, then the winner's and the engine
 #                             defaults' capacities measured again by vLLM's own client on fresh
-#                             starts (engines_crosscheck.py --which winner,defaults); wait
+#                             starts, at what each held on its confirmation's fresh start, over
+#                             twice the window (engines_crosscheck.py --which winner,defaults
+#                             --at confirmed --scale 2; XARGS overrides the last two); wait
 #   trialcost_run.sh wait     wait for the background chain
 # pack_vllm_parts.sh builds .vwheels/ from vLLM 0.26.0's list and recipes/qtune_wheels.txt.
 # Each call copies what exists into $OUT (run.tgz with the journal, logs and outputs), so a
@@ -26,6 +28,7 @@ copy)
 start)
   install_vllm_venv
   echo "SEARCH_ARGS='${SEARCH_ARGS:---trials 8 --time-budget 20}'; CROSSCHECK=${CROSSCHECK:-1}; REPO=$REPO" > $Q/chain.sh
+  echo "XARGS='${XARGS:---at confirmed --scale 2}'" >> $Q/chain.sh
   cat >> $Q/chain.sh <<'EOC'
 cd /tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-vllm/bin/python
 s=$(date +%s)
@@ -47,7 +50,7 @@ if [ "$CROSSCHECK" = 1 ]; then
   cp -r $REPO/benchmarks /tmp/qrepo/  # the scripts as of the latest call
   s=$(date +%s)
   $PY benchmarks/gpu-h200/recipes/engines_crosscheck.py /tmp/qt/study.log \
-    --which winner,defaults --profile $Q/h200-trialcost.yaml --slo ttft_p99=500,tpot_p99=20 \
+    --which winner,defaults --profile $Q/h200-trialcost.yaml --slo ttft_p99=500,tpot_p99=20 $XARGS \
     --json $Q/crosscheck.json > $Q/crosscheck.log 2>&1
   echo "crosscheck rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
 fi
