@@ -226,8 +226,8 @@ def probe(
 ) -> None:
     """Report CPU, NUMA, memory, THP, GPUs and engines, with findings."""
     from qtune import console
+    from qtune.engines import probe_host as do_probe
     from qtune.host import capture as do_capture
-    from qtune.host import probe as do_probe
 
     if capture is not None:  # before the probe, not after it
         from qtune.files import check_dir_target
@@ -875,8 +875,8 @@ def _bench_csv(res: dict[str, Any]) -> str:
 def _provenance(profile: Any, engine: bool = True) -> list[str]:
     """How this host differs from the profile's (hardware, and the engine
     when it is installed for this Python)."""
+    from qtune.engines import find_engines
     from qtune.host import probe
-    from qtune.host.installed import find_engines
     from qtune.host.provenance import engine_difference, host_differences
 
     out = host_differences(profile.host, probe(with_engines=False).fingerprint())

@@ -18,9 +18,9 @@ from typing import Any, NamedTuple
 from qtune import seeds
 from qtune.bench import KEY_METRICS, BenchConfig
 from qtune.engines import get_engine, on_this_host
+from qtune.engines import probe_host as probe
 from qtune.engines.base import SpaceContext
 from qtune.errors import EngineError, InputError, ModelError, ProfileError, ServerError
-from qtune.host import probe
 from qtune.load.workload import Workload
 from qtune.measure import interleaved, measure_server
 from qtune.metrics import metric_value

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from qtune.engines import probe_host as probe
 from qtune.engines.base import SpaceContext
-from qtune.host import probe
 from qtune.host.installed import EngineInstall
 from qtune.model import resolve_model
 from tests.fakes.model import make_model

@@ -20,9 +20,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not HAVE_VLLM, reason="vLLM no
 
 @pytest.fixture(scope="module")
 def vllm_url(tmp_path_factory):
+    from qtune.engines import probe_host as probe
     from qtune.engines.base import SpaceContext
     from qtune.engines.vllm import VLLM
-    from qtune.host import probe
     from qtune.model import resolve_model
     from qtune.server import Server, free_port
 
@@ -102,9 +102,9 @@ def test_model_folder_without_tokenizer_flag_sends_exact_lengths(tmp_path):
     and the server must count 200 tokens a request."""
     import dataclasses
 
+    from qtune.engines import probe_host as probe
     from qtune.engines.base import SpaceContext
     from qtune.engines.vllm import VLLM
-    from qtune.host import probe
     from qtune.model import resolve_model
     from qtune.server import Server, free_port
 

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from qtune.bench import BenchConfig, measure
+from qtune.engines import probe_host as probe
 from qtune.engines.base import SpaceContext
 from qtune.engines.vllm import VLLM
-from qtune.host import probe
 from qtune.load.workload import Workload
 from qtune.model import resolve_model
 from qtune.server import Server, free_port

@@ -28,9 +28,9 @@ pytestmark = [
 
 
 def test_real_model_is_built_and_served_with_its_own_answers(tmp_path):
+    from qtune.engines import probe_host as probe
     from qtune.engines.base import SpaceContext
     from qtune.engines.vllm import VLLM
-    from qtune.host import probe
     from qtune.model import resolve_model
     from qtune.server import Server, free_port
 

@@ -22,9 +22,9 @@ pytestmark = [
 
 def test_ngram_candidate_serves_and_reports_acceptance(tmp_path):
     from qtune.bench import BenchConfig
+    from qtune.engines import probe_host as probe
     from qtune.engines.base import SpaceContext
     from qtune.engines.vllm import VLLM
-    from qtune.host import probe
     from qtune.load.workload import Workload
     from qtune.measure import measure_load
     from qtune.model import resolve_model

@@ -8,13 +8,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from qtune import host
 from qtune.engines.base import Engine, LaunchSpec, MetricNames, SpaceContext
 from qtune.engines.sglang import SGLang
 from qtune.engines.tgi import TGI
 from qtune.engines.transformers import Transformers
 from qtune.engines.vllm import VLLM
 from qtune.errors import InputError
-from qtune.host.installed import EngineInstall
+from qtune.host import HostFacts, installed
+from qtune.host.installed import EngineInstall, InstalledEngines
 from qtune.model import cache_dir
 
 ENGINES: dict[str, Engine] = {"vllm": VLLM(), "sglang": SGLang(), "tgi": TGI(),
@@ -38,6 +40,17 @@ def any_engine_cache_reset_paths() -> tuple[str, ...]:
     """Prefix-cache reset paths for an endpoint qtune did not launch: every
     adapter's, in registry order, each once."""
     return tuple(dict.fromkeys(p for e in ENGINES.values() for p in e.cache_reset_paths()))
+
+
+def find_engines(python: str) -> InstalledEngines:
+    """Every adapter's engine as installed for ``python`` (or on PATH)."""
+    return installed.find_engines(python, tuple(ENGINES.values()))
+
+
+def probe_host(**kw: Any) -> HostFacts:
+    """``qtune.host.probe`` with every adapter: the installed engines and
+    each engine's own findings (the host knows no engine by name)."""
+    return host.probe(engines=tuple(ENGINES.values()), **kw)
 
 
 def get_engine(name: str) -> Engine:

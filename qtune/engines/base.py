@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from qtune.estimate import Estimate
-from qtune.host import HostFacts
-from qtune.host.installed import EngineInstall
+from qtune.host import Finding, HostFacts
+from qtune.host.installed import Detect, EngineInstall, Found, PythonFacts, pythonpath_of
 from qtune.launch import IGNORE_EOS, LaunchSpec, MetricNames, RunningConfig, StartPhases
 from qtune.model import ModelInfo, cache_dir
 
@@ -199,6 +199,33 @@ class Engine(abc.ABC):
         """Why a start failed, from its log (``classify_by_patterns``)."""
 
     # Optional hooks
+
+    # What finds the engine in a Python (``qtune.host.installed``); None: it
+    # is found another way (``find_install``).
+    detect: Detect | None = None
+
+    def find_install(self, facts: PythonFacts | None,
+                     python: str) -> tuple[EngineInstall | None, list[str]]:
+        """The engine as installed for ``python`` from what ``detect`` found
+        there, and notes on what it lacks to start.  Default: its version,
+        built for the build torch was made for, with the PYTHONPATH it was
+        found under."""
+        found = facts.found.get(self.name) if facts is not None else None
+        if found is None or facts is None:
+            return None, []
+        return EngineInstall(self.name, found.version, self.install_build(found, facts),
+                             python, found.location, pythonpath_of(found.location)), []
+
+    def install_build(self, found: Found, facts: PythonFacts) -> str:
+        """The build of an install ``find_install`` found (``cpu``, ``cuda``,
+        ``rocm``).  Default: torch's."""
+        return facts.torch_build
+
+    def host_findings(self, facts: HostFacts) -> list[Finding]:
+        """What ``qtune probe`` says about this host for this engine (a build
+        that does not match the hardware, a library it wants).  Default:
+        nothing."""
+        return []
 
     def read_args(self, install: EngineInstall) -> dict[str, Any] | None:
         """The installed engine's own arguments, ``{dest: {flag, kind,

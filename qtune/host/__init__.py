@@ -12,15 +12,15 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from qtune import jsonout
 from qtune.host.cpubind import find_allocators
 from qtune.host.gpu import GPU, GPUReport, read_gpus, record_nvml
-from qtune.host.installed import InstalledEngines, find_engines_for
+from qtune.host.installed import EngineFinder, InstalledEngines, find_engines_for
 from qtune.host.settings import GOVERNOR, THP_DEFRAG, THP_ENABLED
 from qtune.host.sysfs import (
     PROBED_GLOBS,
@@ -139,6 +139,13 @@ class HostFacts:
         }
 
 
+class EngineProbe(EngineFinder, Protocol):
+    """An engine adapter as the probe sees it: it finds its install
+    (``EngineFinder``) and adds its findings about the host."""
+
+    def host_findings(self, facts: HostFacts) -> list[Finding]: ...
+
+
 def probe(
     *,
     root: Path = Path("/"),
@@ -147,7 +154,11 @@ def probe(
     usable_cpus: list[int] | None = None,
     environ: Mapping[str, str] | None = None,
     with_engines: bool = True,
+    engines: Sequence[EngineProbe] = (),
 ) -> HostFacts:
+    """This host's facts and findings.  ``engines``: the adapters that find
+    the installed engines and add their own findings (``qtune.engines``
+    passes them all: ``qtune.engines.probe_host``); none, the hardware only."""
     cpu = read_cpu(root)
     numa = read_numa(root, cpu.online)
     if usable_cpus is None:
@@ -162,7 +173,7 @@ def probe(
         thp=read_thp(root),
         gpu=read_gpus(nvml, root),
         # (without: the host's hardware only, no engine subprocess)
-        engines=(find_engines_for(engine_python, sys.executable) if with_engines
+        engines=(find_engines_for(engine_python, sys.executable, engines) if with_engines
                  else InstalledEngines(engine_python or sys.executable, [])),
         usable_cpus=usable_cpus,
         nofile_limit=_nofile() if root == Path("/") else None,
@@ -170,7 +181,8 @@ def probe(
                           else environ or {}),
         allocators=find_allocators(root),
     )
-    return dataclasses.replace(facts, findings=findings(facts))
+    return dataclasses.replace(facts, findings=findings(facts) + [
+        f for e in engines for f in e.host_findings(facts)])
 
 
 def comm_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -345,38 +357,6 @@ def findings(facts: HostFacts) -> list[Finding]:
                 "node (VLLM_CPU_OMP_THREADS_BIND)",
             )
         )
-    vllm = facts.engines.get("vllm")
-    if vllm and vllm.build == "cuda" and not facts.gpus:
-        out.append(
-            Finding(
-                "vllm-cuda-no-gpu",
-                "error",
-                f"vLLM {vllm.version} is a CUDA build but no NVIDIA GPU is visible "
-                f"({facts.gpu.note})",
-                "install the CPU build (pip install 'qtune[cpu]') or fix the driver",
-            )
-        )
-    if vllm and vllm.build == "cpu" and facts.gpus:
-        out.append(
-            Finding(
-                "vllm-cpu-build-on-gpu-host",
-                "warning",
-                f"vLLM {vllm.version} is the CPU build but {len(facts.gpus)} NVIDIA "
-                "GPU(s) are present",
-                "install the CUDA build (pip install 'qtune[vllm]') to tune on the GPUs",
-            )
-        )
-    if vllm and vllm.build == "cpu" and "tcmalloc" not in facts.allocators:
-        out.append(
-            Finding(
-                "no-tcmalloc",
-                "info",
-                "libtcmalloc not found: vLLM's CPU backend recommends it for "
-                "allocation-heavy serving",
-                "apt-get install libtcmalloc-minimal4  (then qtune tunes its "
-                "LD_PRELOAD, unless this vLLM wheel bundles one and preloads it)",
-            )
-        )
     for note in facts.engines.notes:
         out.append(Finding("engine-incomplete", "warning", note,
                            "install the missing parts, or tune another --engine"))
@@ -391,7 +371,7 @@ def findings(facts: HostFacts) -> list[Finding]:
             )
         )
     node_mem = sum(n.memory_total or 0 for n in facts.numa)
-    cpu_serving = not facts.gpus or (vllm is not None and vllm.build == "cpu")
+    cpu_serving = not facts.gpus or any(e.build == "cpu" for e in facts.engines.engines)
     if (cpu_serving and node_mem and facts.memory.total
             and node_mem < 0.9 * facts.memory.total):
         out.append(

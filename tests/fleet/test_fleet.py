@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from qtune.engines import probe_host as probe
 from qtune.errors import InputError, StudyError, mask_url
-from qtune.host import probe
 from qtune.host.installed import EngineInstall
 from qtune.search import fleet, optuna_api
 from tests.conftest import FIX

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from qtune.engines import ENGINES
+from qtune.engines import probe_host as probe
 from qtune.errors import QtuneError
-from qtune.host import probe
 from qtune.host.installed import EngineInstall, InstalledEngines
 from qtune.load.workload import Workload
 from qtune.search import NullReporter, prepare, run_study

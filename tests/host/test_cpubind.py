@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from qtune.host import placement, probe
+from qtune.engines import probe_host as probe
+from qtune.host import placement
 from qtune.host.cpubind import (
     bind_choices,
     bind_cpus,

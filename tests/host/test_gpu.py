@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from qtune.host import cpu_binding, probe
+from qtune.engines import probe_host as probe
+from qtune.host import cpu_binding
 from qtune.host.gpu import read_gpus, record_nvml
 from tests.conftest import FIX
 from tests.fakes.nvml import NoNVML, NVMLError, ReplayNVML

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from qtune.host import probe
+from qtune.engines import probe_host as probe
 from qtune.host.sysfs import (
     format_cpulist,
     parse_bracketed,

@@ -27,9 +27,9 @@ import optuna
 import pytest
 
 from qtune.engines import ENGINES
+from qtune.engines import probe_host as probe
 from qtune.engines.base import Param
 from qtune.errors import StudyError
-from qtune.host import probe
 from qtune.host.installed import EngineInstall, InstalledEngines
 from qtune.load.workload import Workload
 from qtune.measure import replace_measure_server
