@@ -704,9 +704,17 @@ def render_report(res: dict[str, Any]) -> None:
     # On a narrow terminal (or an 80-column pipe) a params column would wrap
     # one word per line: the params and reasons go below the table instead.
     wide = out.width >= 140
-    t = Table(title=f"study {res['study']} ({res['objective']})", box=box.SIMPLE_HEAD,
-              pad_edge=False)
-    for col in ("trial", "status", "value", "ttft p99", "tpot p99", "e2e p99", "req/s"):
+    # The objective names its column and its unit goes in the title, with the
+    # latencies': headers fit 80 columns ("value" beside "req/s" read 26.4
+    # against 24.3 with nothing to say which was which).
+    objective = str(res["objective"])
+    unit = ((res.get("recommendation") or {}).get("figure") or {}).get("unit")
+    pareto = objective.startswith("pareto")
+    units = (f"{objective} in {unit}; " if unit and not pareto else "") + \
+        "latencies in ms; served: completed requests per second"
+    t = Table(title=f"study {res['study']} ({units})", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("trial", "status", "value" if pareto else objective, "ttft p99", "tpot p99",
+                "e2e p99", "served/s"):
         t.add_column(col, no_wrap=True)
     # The quality gate's loss (perplexity rise over the engine defaults'),
     # where a trial was scored on real weights.
@@ -796,11 +804,14 @@ def render_recommendation(rec: dict[str, Any]) -> None:
         if f.get("decided"):
             out.print(Text(printable(f"  decided:   {f['decided']}")))
     if rec.get("slo"):
-        out.print(Text(printable("  slo:       " + "; ".join(rec["slo"]))))
+        basis = f"({rec['slo_basis']}) " if rec.get("slo_basis") else ""
+        out.print(Text(printable("  slo:       " + basis + "; ".join(rec["slo"]))))
     on = rec["measured_on"]
     out.print(Text(printable(f"  measured:  {on['accelerator']}, {on['engine']}, "
                              f"model {on['model']}")))
     out.print(Text(printable(f"  workload:  {on['workload']}")))
+    if on.get("ran"):
+        out.print(Text(printable(f"  ran:       {on['ran']}")))
     out.print(Text(printable(f"  quality:   {rec['quality']}")))
     if rec.get("emit_command"):
         # One line, never wrapped: it is pasted whole.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from collections import Counter
 from typing import Any
 
 import optuna
@@ -50,13 +51,14 @@ class Recommendation:
     flags: list[str]  # the tuned flags as the engine takes them
     params: dict[str, Any]
     figure: Figure | None
-    measured_on: dict[str, str]  # accelerator, engine, model, workload
+    measured_on: dict[str, str]  # accelerator, ran, engine, model, workload
     quality: str
     emit_command: str | None
     headline: str  # one sentence: what to run and by how much it beat the defaults
     # Each SLO in the winner's run: its value against its limit, the closest
     # to its limit first (what stopped a capacity there).
     slo: list[str] = dataclasses.field(default_factory=list)
+    slo_basis: str = ""  # which run the SLO line reads
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -132,6 +134,25 @@ def launch_flags(rec: TrialRecord) -> list[str]:
     return out
 
 
+def ran_text(study: optuna.Study) -> str:
+    """When the trials ran, for how long, and what became of them: "trials
+    ran 2026-12-03 17:55-18:08 (12.8 min): 1 ok, 3 pruned" (the host's
+    clock, as Optuna records it; the confirmation's runs are not trials)."""
+    trials = [t for t in study.get_trials(deepcopy=False) if t.datetime_start]
+    if not trials:
+        return "no trial ran"
+    start = min(t.datetime_start for t in trials if t.datetime_start)
+    end = max(t.datetime_complete or t.datetime_start for t in trials
+              if t.datetime_start)
+    counts = Counter(str(TrialRecord.from_frozen(t).status) for t in ran_trials(study))
+    span = f"{start:%Y-%m-%d %H:%M}-{end:%H:%M}" if start.date() == end.date() \
+        else f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M}"
+    what = ", ".join(f"{n} {status}" for status, n in
+                     sorted(counts.items(), key=lambda kv: (kv[0] != "ok", -kv[1])))
+    return f"trials ran {span} ({(end - start).total_seconds() / 60:.1f} min)" + \
+        (f": {what}" if what else "")
+
+
 def _measured_on(study: optuna.Study, best: TrialRecord | None) -> dict[str, str]:
     facts = study.user_attrs.get("fleet_host_facts") or {}
     install = study.user_attrs.get(StudyAttr.ENGINE_INSTALL) or {}
@@ -144,6 +165,7 @@ def _measured_on(study: optuna.Study, best: TrialRecord | None) -> dict[str, str
     weights = " with random weights" if model.get("load_format") == "dummy" else ""
     return {
         "accelerator": facts.get("accelerator") or "accelerator not recorded",
+        "ran": ran_text(study),
         "engine": engine,
         "model": f"{model.get('id', '?')}{weights}",
         "workload": (("load searched (capacity), first offered as "
@@ -278,6 +300,10 @@ def recommend(study: optuna.Study) -> Recommendation:
                     why is None, why, bracket,
                     (str(cap["decided"]) + decided) if cap.get("decided") else None)
     flags = launch_flags(best)
+    # The SLO line reads the winner's search run: for a capacity, at the load
+    # that decided it there, which its confirmation may have moved.
+    slo_basis = (f"its search run at {_value(cap['value'], unit)}"
+                 if isinstance(cap.get("value"), (int, float)) else "its search run")
     # One sentence: the config's flags, the confirmation's why, the
     # quality and the deploy command have their own lines.
     confirmed = "confirmed on fresh starts" if why is None else "NOT confirmed"
@@ -291,7 +317,7 @@ def recommend(study: optuna.Study) -> Recommendation:
     return Recommendation(study.study_name, objective, best.number, kept, flags,
                           dict(best.params), figure, measured_on, quality,
                           _emit_command(study.study_name), head,
-                          slo_headroom(best.summary))
+                          slo_headroom(best.summary), slo_basis)
 
 
 def _value(v: Any, unit: str) -> str:

@@ -581,12 +581,14 @@ def recommendation_html(rec: Recommendation) -> str:
             items.append(f"<li><b>Capacity bracket</b>: held {f.bracket[0]:g} {f.unit}, "
                          f"failed at {top}{how}</li>")
     if rec.slo:
-        items.append("<li><b>SLO</b> (the winner's run): "
-                     f"{html.escape('; '.join(rec.slo))}</li>")
+        basis = f" ({html.escape(rec.slo_basis)})" if rec.slo_basis else ""
+        items.append(f"<li><b>SLO</b>{basis}: {html.escape('; '.join(rec.slo))}</li>")
     on = rec.measured_on
     items.append(f"<li><b>Measured on</b>: {html.escape(on['accelerator'])}, "
                  f"{html.escape(on['engine'])}, model {html.escape(on['model'])}; "
                  f"workload: {html.escape(on['workload'])}</li>")
+    if on.get("ran"):
+        items.append(f"<li><b>Ran</b>: {html.escape(on['ran'])}</li>")
     items.append(f"<li><b>Answer quality</b>: {html.escape(rec.quality)}</li>")
     if rec.emit_command:
         items.append(f"<li><b>Deploy</b>: <code>{html.escape(rec.emit_command)}</code></li>")

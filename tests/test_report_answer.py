@@ -260,3 +260,17 @@ def test_a_reason_is_clipped_at_a_word_in_tooltips_and_whole_in_the_list(tmp_pat
     tip = _why(R())
     assert tip.endswith("…") and "it cannot wi" not in tip and len(tip) < 260
     assert _why(R(), None).endswith("it cannot win, so one probe decided")
+
+
+def test_the_first_screen_says_when_the_trials_ran_and_what_became_of_them():
+    from qtune.recommendation import ran_text
+
+    st = optuna.create_study(direction="maximize")
+    assert ran_text(st) == "no trial ran"
+    st.add_trial(optuna.trial.create_trial(value=1.0, user_attrs={Attr.STATUS: "ok"}))
+    for _ in range(2):
+        st.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED,
+                                               user_attrs={Attr.STATUS: "pruned"}))
+    text = ran_text(st)
+    assert re.fullmatch(r"trials ran \d{4}-\d\d-\d\d \d\d:\d\d-\d\d:\d\d \(\d+\.\d min\): "
+                        r"1 ok, 2 pruned", text), text
