@@ -206,10 +206,10 @@ def launch(model: str | None, params: dict[str, object], work: Path) -> Any:
 
     Returns ``(Server, spec, tokenizer_dir)``; the caller enters the Server.
     """
+    from qtune.engines import probe_host as probe
     from qtune.engines import trial_spec
     from qtune.engines.base import SpaceContext
     from qtune.engines.vllm import VLLM
-    from qtune.host import probe
     from qtune.model import resolve_model
     from qtune.server import Server, free_port
 

@@ -312,9 +312,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     from qtune import seeds
+    from qtune.engines import probe_host as probe
     from qtune.engines.base import SpaceContext
     from qtune.engines.vllm import VLLM
-    from qtune.host import probe
     from qtune.load import Workload, run_load
     from qtune.model import resolve_model
     from qtune.server import Server, free_port

@@ -10,6 +10,7 @@ One typed ``Recommendation`` for the text report, the HTML page and
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
 from collections import Counter
 from typing import Any
@@ -216,10 +217,14 @@ def slo_headroom(summary: dict[str, Any] | None) -> list[str]:
         except (InputError, ValueError):  # a study of a qtune that wrote others
             continue
         v = check.get("value") if isinstance(check, dict) else None
-        if not isinstance(v, (int, float)) or slo.limit <= 0:
-            continue
-        share = v / slo.limit if slo.op == "<=" else slo.limit / v if v else float("inf")
         unit = "ms" if slo.metric != "throughput" else "req/s"
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or slo.limit <= 0 \
+                or (slo.op == ">=" and v <= 0):
+            # no figure: a broken SLO (first in the list), never "nan%"
+            rows.append((float("inf"), f"{slo.metric}: no value against {slo.op} "
+                         f"{slo.limit:g} {unit} (broken)"))
+            continue
+        share = v / slo.limit if slo.op == "<=" else slo.limit / v
         rows.append((share, f"{slo.metric} {v:,.4g} {unit} against {slo.op} {slo.limit:g} "
                      f"{unit} ({share:.0%} of the limit{'' if check.get('met') else ', broken'})"))
     rows.sort(key=lambda r: -r[0])
@@ -242,6 +247,9 @@ def _not_confirmed_why(study: optuna.Study, best: TrialRecord, baseline: TrialRe
         return "the winner was not among the re-measured configs"
     if mine.get("failures"):
         return f"the winner failed {mine['failures']} of its fresh starts"
+    if baseline.number != best.number and str(baseline.number) not in conf:
+        return ("the engine defaults were not re-measured beside it (they were not "
+                "feasible in the search)")
     if pair.get("separated") is False:
         return "its confirmation runs overlap the engine defaults': within this host's noise"
     return None

@@ -13,8 +13,10 @@ seed send the same ones.  A phase's seed is the workload's (``--seed``, the
 index (the probe, the repeat, the level), and its warm-up draws from a seed
 of its own beside it (``warmup``).  The map from (phase, index, warm-up) to
 the offset is one-to-one, so within one base no two phases share prompts by
-accident; the phases that must see the same prompts say so by asking for the
-same phase and index (``qtune verify``'s sides in a round).
+accident (a nested phase, a probe inside a confirmation round, may meet
+another base's phase, but never on the same server); the phases that must
+see the same prompts say so by asking for the same phase and index (``qtune
+verify``'s sides in a round).
 
 Before this module the offsets were written where each phase started (9
 sites, 6 strides: +1, +rep, +1000, +7919 i, +104729 k, +1000003): that no two

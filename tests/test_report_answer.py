@@ -247,6 +247,10 @@ def test_the_recommendation_names_the_slo_closest_to_its_limit():
                                                                      "met": False}}}})
     assert broken == ["e2e_p99 3,600 ms against <= 3000 ms (120% of the limit, broken)"]
     assert slo_headroom(None) == [] and slo_headroom({"goodput": {}}) == []
+    # no figure (nothing completed, a NaN): broken, and said so first
+    nan = slo_headroom({"goodput": {"checks": {"ttft_p99<=500ms": {"value": float("nan")},
+                                               "tpot_p99<=20ms": {"value": 10.0}}}})
+    assert nan[0] == "ttft_p99: no value against <= 500 ms (broken), the closest"
 
 
 def test_a_reason_is_clipped_at_a_word_in_tooltips_and_whole_in_the_list(tmp_path):
@@ -274,3 +278,27 @@ def test_the_first_screen_says_when_the_trials_ran_and_what_became_of_them():
     text = ran_text(st)
     assert re.fullmatch(r"trials ran \d{4}-\d\d-\d\d \d\d:\d\d-\d\d:\d\d \(\d+\.\d min\): "
                         r"1 ok, 2 pruned", text), text
+
+
+def test_a_winner_confirmed_without_the_defaults_beside_it_is_not_a_confirmed_gain(
+        tmp_path, monkeypatch):
+    """The defaults broke the SLO in the search, so the confirmation
+    re-measured the one feasible config alone: the figure is its confirmed
+    median, and the gain over the defaults is not called confirmed."""
+    monkeypatch.chdir(tmp_path)
+    study = optuna.create_study(study_name="a", direction="minimize", storage=open_storage(
+        f"journal://{tmp_path / 'studies' / 'a.log'}"))
+    study.set_user_attr(StudyAttr.OBJECTIVE, "e2e_p99")
+    for n, (value, ok) in enumerate(((9000.0, False), (2000.0, True))):
+        t = study.ask()
+        t.set_constraint("e2e_p99<=3000ms", -1.0 if ok else 1.0)
+        write_record(t, TrialRecord(t.number, {} if n == 0 else {"max_num_seqs": 8},
+                                    TrialStatus.OK, baseline=n == 0, value=value))
+        study.tell(t, value)
+    study.set_user_attr(StudyAttr.CONFIRMATION, {"1": {
+        "values": [2000.0, 2400.0], "fresh": [2400.0], "median": 2400.0, "failures": 0,
+        "ci95": None}})
+    rec = report("a", None)["recommendation"]
+    assert rec["trial"] == 1 and rec["figure"]["best"] == 2400.0
+    assert not rec["figure"]["confirmed"]
+    assert "not re-measured beside it" in rec["figure"]["why_not_confirmed"]

@@ -304,6 +304,17 @@ class VLLM(Engine):
                 "allocation-heavy serving",
                 "apt-get install libtcmalloc-minimal4  (then qtune tunes its "
                 "LD_PRELOAD, unless this vLLM wheel bundles one and preloads it)"))
+        node_mem = sum(n.memory_total or 0 for n in facts.numa)
+        cpu_serving = vllm is not None and (vllm.build == "cpu" or not facts.gpus)
+        if cpu_serving and node_mem and facts.memory.total \
+                and node_mem < 0.9 * facts.memory.total:
+            out.append(Finding(
+                "numa-memory-view", "info",
+                f"NUMA nodes report {node_mem / 2**30:.1f} GiB but the host has "
+                f"{facts.memory.total / 2**30:.1f} GiB (memory outside the node "
+                "view, common in VMs)",
+                "vLLM's CPU backend sizes its default KV budget from the node: "
+                "set VLLM_CPU_KVCACHE_SPACE explicitly (qtune tunes it)"))
         return out
 
     def start_phases(self, log_text: str, ready_s: float) -> StartPhases:

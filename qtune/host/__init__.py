@@ -173,8 +173,11 @@ def probe(
         thp=read_thp(root),
         gpu=read_gpus(nvml, root),
         # (without: the host's hardware only, no engine subprocess)
-        engines=(find_engines_for(engine_python, sys.executable, engines) if with_engines
-                 else InstalledEngines(engine_python or sys.executable, [])),
+        # (without adapters or with_engines: the host's hardware only, no
+        # engine subprocess, and no "no engine" finding)
+        engines=(find_engines_for(engine_python, sys.executable, engines)
+                 if with_engines and engines
+                 else InstalledEngines(engine_python or sys.executable, [], searched=False)),
         usable_cpus=usable_cpus,
         nofile_limit=_nofile() if root == Path("/") else None,
         comm_env=comm_env(os.environ if environ is None and root == Path("/")
@@ -360,7 +363,7 @@ def findings(facts: HostFacts) -> list[Finding]:
     for note in facts.engines.notes:
         out.append(Finding("engine-incomplete", "warning", note,
                            "install the missing parts, or tune another --engine"))
-    if not facts.engines.engines:
+    if facts.engines.searched and not facts.engines.engines:
         out.append(
             Finding(
                 "no-engine",
@@ -368,21 +371,6 @@ def findings(facts: HostFacts) -> list[Finding]:
                 f"no inference engine found for {facts.engines.python}",
                 "pip install 'qtune[cpu]' (CPU) or 'qtune[vllm]' (GPU), or pass "
                 "--engine-python /path/to/engine/venv/bin/python",
-            )
-        )
-    node_mem = sum(n.memory_total or 0 for n in facts.numa)
-    cpu_serving = not facts.gpus or any(e.build == "cpu" for e in facts.engines.engines)
-    if (cpu_serving and node_mem and facts.memory.total
-            and node_mem < 0.9 * facts.memory.total):
-        out.append(
-            Finding(
-                "numa-memory-view",
-                "info",
-                f"NUMA nodes report {node_mem / 2**30:.1f} GiB but the host has "
-                f"{facts.memory.total / 2**30:.1f} GiB (memory outside the node "
-                "view, common in VMs)",
-                "vLLM's CPU backend sizes its default KV budget from the node: "
-                "set VLLM_CPU_KVCACHE_SPACE explicitly (qtune tunes it)",
             )
         )
     if facts.nofile_limit is not None and facts.nofile_limit < 65536:

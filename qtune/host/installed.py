@@ -115,6 +115,8 @@ class InstalledEngines:
     error: str | None = None
     # an engine found but not complete enough to start (what is missing)
     notes: list[str] = field(default_factory=list)
+    # False: not looked for (a probe of the hardware only)
+    searched: bool = True
 
     def get(self, name: str) -> EngineInstall | None:
         return next((e for e in self.engines if e.name == name), None)
@@ -219,15 +221,17 @@ def find_engines_for(spec: str | None, default: str,
     pythons = parse_engine_pythons(spec, finders) if spec else {"": default}
     if "" in pythons:
         return find_engines(pythons[""], finders)
-    base = find_engines(default, finders)
-    engines = [e for e in base.engines if e.name not in pythons]
-    # one run of the script for each Python (two engines may share one)
-    found = {p: find_engines(p, finders) for p in dict.fromkeys(pythons.values())}
-    errors = [f.error for f in found.values() if f.error]
-    for name, python in pythons.items():
-        engines += [e for e in found[python].engines if e.name == name]
+    # Each Python is asked for its own engines only, so an engine's notes
+    # (what it lacks to start) come from the Python it runs in.
+    base = find_engines(default, [f for f in finders if f.name not in pythons])
+    engines, notes = list(base.engines), list(base.notes)
+    errors = [base.error] if base.error else []
+    for python in dict.fromkeys(pythons.values()):
+        found = find_engines(python, [f for f in finders if pythons.get(f.name) == python])
+        engines += found.engines
+        notes += found.notes
+        errors += [found.error] if found.error else []
     order = {f.name: i for i, f in enumerate(finders)}
     engines.sort(key=lambda e: order.get(e.name, len(order)))
     label = ", ".join(f"{n}={p}" for n, p in pythons.items())
-    return InstalledEngines(label, engines, "; ".join(errors) or base.error,
-                            list(base.notes))
+    return InstalledEngines(label, engines, "; ".join(errors) or None, notes)

@@ -157,6 +157,10 @@ class Workload:
             ("prefix_len", "--prefix-len", "tokens per shared prefix, e.g. 512"),
         ):
             _whole(getattr(self, name), flag, hint)
+        if self.seed < 0:
+            # random.Random(-3) draws what random.Random(3) draws: a negative
+            # seed would meet a later phase's prompts (qtune.seeds)
+            raise InputError(f"--seed: {self.seed} is negative", hint="a whole number, e.g. 0")
         for name, flag in (("arrival", "--arrival"), ("endpoint", "--endpoint")):
             if not isinstance(getattr(self, name), str):
                 raise InputError(f"{flag}: {getattr(self, name)!r} is not a name",

@@ -44,10 +44,12 @@ class Costs:
     # below the incumbent costs (a trial that holds the floor is searched
     # until the deadline, ``trial_budget``, so it cannot overrun).
     capacity: bool = False
-    # The median floor probe of the trials with a floor (None before one):
+    # The longest floor probe of the trials with a floor (None before one):
     # what a loser's one probe costs.  It stops as soon as its failure is
-    # certain, so it is shorter than a whole window: on one H200 (run 13)
-    # 16-22 s against a median probe of 33 s.
+    # certain, so it is shorter than a whole window: on one H200 (runs 13
+    # and 15) 15-27 s against a median probe of 33-37 s.  The longest, not
+    # the median: a config that holds the floor runs its whole window before
+    # the deadline can stop it, and that probe is priced once one is seen.
     floor_probe_s: float | None = None
 
     @property
@@ -116,8 +118,10 @@ def costs(study: optuna.Study) -> Costs:
             "capacity") or {}
         steps = [float(st["elapsed_s"]) for st in cap.get("steps") or []
                  if st.get("elapsed_s") and not st.get("remeasure")]
-        if cap.get("floor") is not None and steps:
-            floor_probes.append(steps[0])
+        first = (cap.get("steps") or [{}])[0]
+        if cap.get("floor") is not None and steps and not first.get("remeasure") \
+                and first.get("load") == cap["floor"]:
+            floor_probes.append(steps[0])  # (the full procedure has a floor it never probes)
         if below:
             continue  # stopped early: no price for a confirmation's whole window
         probes += steps
@@ -137,7 +141,7 @@ def costs(study: optuna.Study) -> Costs:
     trial = _median(totals) if totals else \
         start + (2 * _median(probes) if probes else run)
     return Costs(start_s=start, run_s=run, trial_s=trial, capacity=bool(probes),
-                 floor_probe_s=_median(floor_probes) if floor_probes else None)
+                 floor_probe_s=max(floor_probes) if floor_probes else None)
 
 
 def plan_confirmation(cfg: TuneConfig, study: optuna.Study, direction: str,

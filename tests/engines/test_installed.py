@@ -142,14 +142,18 @@ def test_an_engine_says_its_own_findings_about_the_host(cpu_host):
     cuda = dataclasses.replace(cpu_host, engines=InstalledEngines(
         sys.executable, [EngineInstall("vllm", "0.26.0", "cuda", sys.executable)]),
         allocators={})
-    assert [f.id for f in vllm.host_findings(cuda)] == ["vllm-cuda-no-gpu"]
+    # (this fixture's NUMA node reports less memory than the host: a VM)
+    assert [f.id for f in vllm.host_findings(cuda)] == ["vllm-cuda-no-gpu",
+                                                        "numa-memory-view"]
     cpu = dataclasses.replace(cuda, engines=InstalledEngines(
         sys.executable, [EngineInstall("vllm", "0.32.0", "cpu", sys.executable)]))
-    assert [f.id for f in vllm.host_findings(cpu)] == ["no-tcmalloc"]
+    assert [f.id for f in vllm.host_findings(cpu)] == ["no-tcmalloc", "numa-memory-view"]
     assert ENGINES["sglang"].host_findings(cuda) == []
     # the hardware alone finds no engine, the adapters find this Python's
     root = FIX / "hosts" / "epyc-2c-1node"
     bare = hardware_only(root=root, nvml=NoNVML(), engine_python=sys.executable)
-    assert bare.engines.engines == [] and "no-engine" in {f.id for f in bare.findings}
+    # (not looked for: no "no engine" finding either)
+    assert bare.engines.engines == [] and not bare.engines.searched
+    assert "no-engine" not in {f.id for f in bare.findings}
     full = probe_host(root=root, nvml=NoNVML(), engine_python=sys.executable)
     assert {e.name for e in full.engines.engines} == {e.name for e in cpu_host.engines.engines}

@@ -112,8 +112,8 @@ def test_a_capacity_launch_is_priced_as_a_loser_and_its_search_ends_in_time():
 def test_the_gate_prices_a_loser_at_its_floor_probe():
     """A config below the incumbent stops its floor probe as soon as the
     failure is certain (run 13 on one H200: 16-22 s against a median probe
-    of 33 s): the gate prices the next launch at a start and the median
-    floor probe, not a whole window."""
+    of 33 s): the gate prices the next launch at a start and the longest
+    floor probe seen, not a whole window."""
     st = _study([(480, 200, 60), (130, 70, 58)])
     for total, start, first in ((110, 90, 18.0), (115, 94, 22.0)):
         # as the study keeps a loser: pruned, its one probe apart
@@ -123,12 +123,13 @@ def test_the_gate_prices_a_loser_at_its_floor_probe():
             Attr.STARTUP_S: start,
             Attr.PARTIAL_SUMMARY: {"capacity": {"found": False, "below": 20.0,
                                                 "floor": 20.0,
-                                                "steps": [{"elapsed_s": first}]}}}))
+                                                "steps": [{"elapsed_s": first,
+                                                           "load": 20.0}]}}}))
     c = costs(st)
-    assert c.floor_probe_s == 20.0 and c.run_s == 40.0
-    assert c.next_s == c.start_s + 20.0
+    assert c.floor_probe_s == 22.0 and c.run_s == 40.0
+    assert c.next_s == c.start_s + 22.0
     # the confirmation still pays whole windows: a loser's probe is no price
     assert c.confirm_run_s == c.start_s + 40.0
     # run 15 on one H200: three losers (starts 89-97 s, probes 15-27 s)
     # after a cold defaults' trial were priced 2.2 min with a 37 s window
-    # probe; at a start and a floor probe they are 1.9 min
+    # probe; at a start and the longest floor probe they are 2.0 min

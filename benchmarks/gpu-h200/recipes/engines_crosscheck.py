@@ -185,6 +185,8 @@ def main() -> int:
                     help="windows of arrivals: the deciding probe's requests times this")
     ap.add_argument("--json", type=Path, required=True)
     a = ap.parse_args()
+    if a.at == "confirmed" and a.profile is None:
+        ap.error("--at confirmed reads the confirmation from --profile")
     confirmed = confirmation(a.profile) if a.at == "confirmed" else {}
     slo = {k: float(v) for k, v in (x.split("=") for x in a.slo.split(","))}
     work = a.json.parent
@@ -207,7 +209,9 @@ def main() -> int:
                  if v is not None]
         if fresh:
             at, rate = "confirmed", float(min(fresh))
-        if cap.get("window_s"):
+        if cap.get("window_s") and at == "confirmed":
+            # a probe's rule: the window's arrivals at this rate (the
+            # search's request count was for its own rate)
             n = math.ceil(rate * float(cap["window_s"]))
         n = math.ceil(n * a.scale)
         argv, env = list(t.user_attrs["argv"]), dict(t.user_attrs.get("env") or {})
@@ -237,6 +241,7 @@ def main() -> int:
         qt = {k: held[-1].get(k) for k in ("ttft_p99", "tpot_p99", "e2e_p99", "throughput",
                                             "requests", "prefix_cache_hit_rate")}
         done[label] = {"engine": eng, "trial": t.number, "at": at, "scale": a.scale,
+                       "search_capacity": float(cap["value"]),
                        "baseline": bool(t.user_attrs.get("baseline")),
                        "params": t.user_attrs.get("launch_params"), "capacity": rate,
                        "requests": n, "startup_s": ready, "engine_client": r, "qtune": qt}
