@@ -90,8 +90,8 @@ def test_search_profile_emit_and_resume(tmp_path):
     assert "--port" in profile.argv and profile.model["load_format"] == "dummy"
     # The two best configs and the engine defaults were re-measured with a
     # fresh start each; the winner is the best median, with every value kept.
-    # (Pruned trials are no candidates: with fewer than two fully measured
-    # feasible trials there is nothing to confirm.)
+    # (Pruned trials are no candidates: with one fully measured feasible
+    # trial, it is confirmed alone; with none, nothing is.)
     full = [t for t in ok if t["feasible"]]
     conf = profile.metrics["confirmation"]
     if len(full) >= 2:
@@ -100,6 +100,9 @@ def test_search_profile_emit_and_resume(tmp_path):
         assert set(conf) == {str(n) for n in top2 | base}
         assert all(len(c["values"]) == 2 for c in conf.values())
         assert str(profile.study.trial) in conf
+    elif full:
+        assert set(conf) == {str(full[0]["number"])}
+        assert len(conf[str(full[0]["number"])]["values"]) == 2
     else:
         assert conf is None
     assert (tmp_path / "studies" / "e2e" / "trials.csv").is_file()
