@@ -103,10 +103,19 @@ def test_a_config_that_holds_the_incumbent_is_searched_upward(slots, tmp_path):
     assert res.improvement is not None and res.improvement > 1.0
     # The confirmation: the winner holds its capacity again on a fresh start,
     # and the defaults, asked to hold it too, do not: the gain is separated.
+    # On that start they are then probed at their own capacity (the fallback
+    # rung), which sits at their knee: it holds or not by chance, and the
+    # gain is separated either way.  (Asserting that it failed made this
+    # test fail now and then: 2 of about 9 runs over two sessions, the
+    # latest in the fresh-clone CI of d265b30.)
     conf = res.profile.metrics["confirmation"]
     won, defaults = conf[str(better.number)], conf[str(base.number)]
     assert won["fresh"] == [better.value] and not won["failures"]
-    assert defaults["load"] == better.value and defaults["failures"] == 1
-    assert not defaults["fresh"] and "did not hold on a fresh start" in defaults["runs"][0]
+    assert defaults["load"] == better.value
+    assert "did not hold on a fresh start" in defaults["runs"][0]
+    if defaults["failures"]:
+        assert defaults["failures"] == 1 and not defaults["fresh"]
+    else:
+        assert defaults["fresh"] == [base.value] and base.value < better.value
     obj = res.profile.metrics["objective"]
     assert obj["separated"] is True and obj["interval"][0] > 1.0
