@@ -879,7 +879,7 @@ def _provenance(profile: Any, engine: bool = True) -> list[str]:
     from qtune.host import probe
     from qtune.host.provenance import engine_difference, host_differences
 
-    out = host_differences(profile.host, probe(with_engines=False).fingerprint())
+    out = host_differences(profile.host, probe().fingerprint())
     found = find_engines(sys.executable).get(profile.engine.name) if engine else None
     if found is not None:
         d = engine_difference(profile.engine.version, found.version, profile.engine.name)

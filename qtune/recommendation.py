@@ -139,12 +139,11 @@ def ran_text(study: optuna.Study) -> str:
     """When the trials ran, for how long, and what became of them: "trials
     ran 2026-12-03 17:55-18:08 (12.8 min): 1 ok, 3 pruned" (the host's
     clock, as Optuna records it; the confirmation's runs are not trials)."""
-    trials = [t for t in study.get_trials(deepcopy=False) if t.datetime_start]
-    if not trials:
+    spans = [(t.datetime_start, t.datetime_complete or t.datetime_start)
+             for t in study.get_trials(deepcopy=False) if t.datetime_start]
+    if not spans:
         return "no trial ran"
-    start = min(t.datetime_start for t in trials if t.datetime_start)
-    end = max(t.datetime_complete or t.datetime_start for t in trials
-              if t.datetime_start)
+    start, end = min(s for s, _ in spans), max(e for _, e in spans)
     counts = Counter(str(TrialRecord.from_frozen(t).status) for t in ran_trials(study))
     span = f"{start:%Y-%m-%d %H:%M}-{end:%H:%M}" if start.date() == end.date() \
         else f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M}"

@@ -146,7 +146,7 @@ def read_server_args(install: EngineInstall, timeout: float = 240.0) -> dict[str
 
 class SGLang(Engine):
     name = "sglang"
-    detect = Detect("sglang", ("sglang",), "sglang")
+    detect = Detect(("sglang",), "sglang")
 
     def install_build(self, found: Found, facts: PythonFacts) -> str:
         return "cuda"  # SGLang's wheels are CUDA builds

@@ -149,6 +149,8 @@ class TGI(Engine):
                                  timeout=20).stdout.split()[-1:]
         except (OSError, subprocess.TimeoutExpired):
             ver = []
+        # The launcher starts its Python shard server and the router from
+        # PATH; without them it exits at the first trial.
         notes = []
         missing = [p for p in ("text-generation-server", "text-generation-router")
                    if shutil.which(p) is None]

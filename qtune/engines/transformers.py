@@ -130,8 +130,7 @@ def read_serve_args(install: EngineInstall, timeout: float = 120.0) -> dict[str,
 class Transformers(Engine):
     name = "transformers"
     # `transformers serve` needs its [serving] extras (FastAPI, uvicorn, openai)
-    detect = Detect("transformers", ("transformers",), "transformers",
-                    needs=("fastapi", "uvicorn", "openai"))
+    detect = Detect(("transformers",), "transformers", needs=("fastapi", "uvicorn", "openai"))
 
     def find_install(self, facts: PythonFacts | None,
                      python: str) -> tuple[EngineInstall | None, list[str]]:

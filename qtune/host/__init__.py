@@ -153,7 +153,6 @@ def probe(
     nvml: Any = None,
     usable_cpus: list[int] | None = None,
     environ: Mapping[str, str] | None = None,
-    with_engines: bool = True,
     engines: Sequence[EngineProbe] = (),
 ) -> HostFacts:
     """This host's facts and findings.  ``engines``: the adapters that find
@@ -172,11 +171,9 @@ def probe(
         memory=read_memory(root),
         thp=read_thp(root),
         gpu=read_gpus(nvml, root),
-        # (without: the host's hardware only, no engine subprocess)
-        # (without adapters or with_engines: the host's hardware only, no
-        # engine subprocess, and no "no engine" finding)
-        engines=(find_engines_for(engine_python, sys.executable, engines)
-                 if with_engines and engines
+        # (without adapters: the host's hardware only, no engine subprocess,
+        # and no "no engine" finding)
+        engines=(find_engines_for(engine_python, sys.executable, engines) if engines
                  else InstalledEngines(engine_python or sys.executable, [], searched=False)),
         usable_cpus=usable_cpus,
         nofile_limit=_nofile() if root == Path("/") else None,

@@ -14,14 +14,14 @@ import dataclasses
 import json
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from qtune.errors import InputError
 
-# Run in the engine's Python with the engines' ``Detect`` list as JSON in
+# Run in the engine's Python with the engines' ``Detect`` by name as JSON in
 # argv[1]: each one's first installed distribution, its module's location and
 # the modules it needs beside it; torch's build from its version.py.
 _SCRIPT = r"""
@@ -47,12 +47,12 @@ if spec and spec.submodule_search_locations:
     except OSError:
         pass
 out["torch"] = {"version": dist("torch")[1], "cuda": torch_cuda}
-for d in json.loads(sys.argv[1]):
+for engine, d in json.loads(sys.argv[1]).items():
     name, ver = dist(*d["dists"])
     if not name:
         continue
     mspec = importlib.util.find_spec(d["module"]) if d["module"] else None
-    out["found"][d["name"]] = {
+    out["found"][engine] = {
         "dist": name, "version": ver, "location": mspec.origin if mspec else None,
         "missing": [m for m in d["needs"] if importlib.util.find_spec(m) is None]}
 print(json.dumps(out))
@@ -65,7 +65,6 @@ class Detect:
     distributions (the first installed wins), its module (for its location)
     and the modules it needs beside it to start."""
 
-    name: str
     dists: tuple[str, ...]
     module: str | None = None
     needs: tuple[str, ...] = ()
@@ -146,9 +145,10 @@ class EngineFinder(Protocol):
                      python: str) -> tuple[EngineInstall | None, list[str]]: ...
 
 
-def python_facts(python: str, detects: Sequence[Detect]) -> PythonFacts:
-    """Run the detection script in ``python``; RuntimeError when it cannot."""
-    arg = json.dumps([dataclasses.asdict(d) for d in detects])
+def python_facts(python: str, detects: Mapping[str, Detect]) -> PythonFacts:
+    """Run the detection script in ``python`` for ``detects`` (by engine
+    name); RuntimeError when it cannot."""
+    arg = json.dumps({name: dataclasses.asdict(d) for name, d in detects.items()})
     try:
         proc = subprocess.run([python, "-c", _SCRIPT, arg], capture_output=True, text=True,
                               timeout=60)
@@ -171,7 +171,8 @@ def find_engines(python: str, finders: Sequence[EngineFinder]) -> InstalledEngin
     error = None
     facts: PythonFacts | None = None
     try:
-        facts = python_facts(python, [f.detect for f in finders if f.detect is not None])
+        facts = python_facts(python, {f.name: f.detect for f in finders
+                                      if f.detect is not None})
     except RuntimeError as exc:
         error = f"cannot run {python}: {exc}"
     for finder in finders:
@@ -189,6 +190,7 @@ def parse_engine_pythons(spec: str, finders: Sequence[EngineFinder]) -> dict[str
     separate environments.  ``{"": PATH}`` for the single form."""
     if "=" not in spec:
         return {"": spec}
+    in_python = [f.name for f in finders if f.detect is not None]
     out: dict[str, str] = {}
     for part in spec.split(","):
         name, sep, path = part.partition("=")
@@ -197,7 +199,6 @@ def parse_engine_pythons(spec: str, finders: Sequence[EngineFinder]) -> dict[str
             raise InputError(f"--engine-python: {part!r} is not NAME=PATH",
                              hint="one Python: --engine-python /opt/venv/bin/python; one "
                              "per engine: --engine-python vllm=PATH,sglang=PATH")
-        in_python = [f.name for f in finders if f.detect is not None]
         if name in {f.name for f in finders} and name not in in_python:
             raise InputError(f"--engine-python: {name} is found on PATH, not through "
                              "a Python",

@@ -116,15 +116,16 @@ def costs(study: optuna.Study) -> Costs:
             continue
         cap = (a.get(Attr.PARTIAL_SUMMARY if below else Attr.SUMMARY) or {}).get(
             "capacity") or {}
-        steps = [float(st["elapsed_s"]) for st in cap.get("steps") or []
-                 if st.get("elapsed_s") and not st.get("remeasure")]
-        first = (cap.get("steps") or [{}])[0]
-        if cap.get("floor") is not None and steps and not first.get("remeasure") \
-                and first.get("load") == cap["floor"]:
-            floor_probes.append(steps[0])  # (the full procedure has a floor it never probes)
+        steps = cap.get("steps") or []
+        first = steps[0] if steps else {}
+        # (the full procedure has a floor it never probes)
+        if cap.get("floor") is not None and first.get("load") == cap["floor"] \
+                and first.get("elapsed_s") and not first.get("remeasure"):
+            floor_probes.append(float(first["elapsed_s"]))
         if below:
             continue  # stopped early: no price for a confirmation's whole window
-        probes += steps
+        probes += [float(st["elapsed_s"]) for st in steps
+                   if st.get("elapsed_s") and not st.get("remeasure")]
         if not cap and a.get(Attr.MEASURE_S):
             runs.append(float(a[Attr.MEASURE_S]))
     if len(starts) > 1:

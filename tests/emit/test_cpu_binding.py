@@ -14,9 +14,8 @@ from hypothesis import strategies as st
 
 from qtune.emit import emit
 from qtune.emit.systemd import render
-from qtune.engines import probe_host as probe
 from qtune.errors import InputError
-from qtune.host import placement
+from qtune.host import placement, probe
 from qtune.host.cpubind import bind_cpus
 from qtune.host.settings import SETTINGS
 from tests.conftest import FIX
@@ -30,7 +29,7 @@ ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "40"}
 
 
 def _xeon_profile(ranks: int, bind: str, **env: str):
-    facts = probe(root=XEON, nvml=NoNVML(), with_engines=False)
+    facts = probe(root=XEON, nvml=NoNVML())
     return sample_profile(placement=placement(facts, ranks),
                           params={"tensor_parallel_size": ranks},
                           env={**ENV, "VLLM_CPU_OMP_THREADS_BIND": bind, **env})
@@ -154,7 +153,7 @@ def test_host_script_parses_and_its_boot_file_applies(tmp_path):
             path.write_text("")  # a sysfs attribute takes the whole write
     subprocess.run(["systemd-tmpfiles", "--create", f"--root={root}", str(conf)],
                    check=True)
-    f = probe(root=root, nvml=NoNVML(), with_engines=False)
+    f = probe(root=root, nvml=NoNVML())
     assert (f.thp.enabled, f.thp.defrag, f.cpu.governors) == (
         "madvise", "defer+madvise", {"performance": 128})
 

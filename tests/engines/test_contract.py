@@ -321,11 +321,3 @@ def test_only_the_registry_imports_an_adapter():
             out += [f"{path.name}: {m}" for m in mods if m.startswith("qtune.engines.vllm")]
     assert out == []
 
-
-@pytest.mark.parametrize("name", sorted(ENGINES))
-def test_an_engine_is_found_under_its_own_name(name):
-    """The detection script keys what it found by ``Detect.name`` and the
-    adapter looks itself up by ``Engine.name``: two names for one engine
-    would leave it undetected with no error."""
-    e = ENGINES[name]
-    assert e.detect is None or e.detect.name == e.name

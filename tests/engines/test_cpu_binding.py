@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from qtune.engines import probe_host as probe
 from qtune.engines.vllm import VLLM
+from qtune.host import probe
 from qtune.host.installed import EngineInstall, InstalledEngines
 from qtune.load.workload import Workload
 from qtune.search.config import TuneConfig
@@ -23,8 +23,7 @@ XEON = FIX / "hosts" / "xeon-2s-32c-smt"
 
 
 def _xeon_ctx(cpu_ctx, **host):
-    facts = probe(root=XEON, nvml=NoNVML(), engine_python=sys.executable,
-                  with_engines=False)
+    facts = probe(root=XEON, nvml=NoNVML(), engine_python=sys.executable)
     return dataclasses.replace(cpu_ctx, host=dataclasses.replace(facts, **host))
 
 

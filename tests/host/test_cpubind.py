@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from qtune.engines import probe_host as probe
-from qtune.host import placement
+from qtune.host import placement, probe
 from qtune.host.cpubind import (
     bind_choices,
     bind_cpus,
@@ -31,7 +30,7 @@ EPYC = FIX / "hosts" / "epyc-2c-1node"
 
 
 def _probe(root: Path):
-    return probe(root=root, nvml=NoNVML(), with_engines=False)
+    return probe(root=root, nvml=NoNVML())
 
 
 def _topo(facts):
@@ -90,7 +89,7 @@ def test_single_node_capture_has_no_smt_list():
 def test_this_host_for_real():
     """The single-node path on the machine the tests run on: every usable
     CPU sits in exactly one core group, and the choices fit its topology."""
-    f = probe(nvml=NoNVML(), with_engines=False)
+    f = probe(nvml=NoNVML())
     flat = sorted(c for g in f.cpu.cores for c in g)
     assert flat == sorted(f.cpu.online)
     values = [c.value for c in bind_choices(*_topo(f), 1)]
