@@ -27,23 +27,33 @@ put_back_flash_ops() {
 copy_part() {
   cp .vwheels/p$1/* /tmp/wh/v/ && ls /tmp/wh/v | tr '\n' ' ' && nvidia-smi -L
 }
+# copy_repo: the repo as the chain runs it, /tmp/qrepo (the call's start time in
+# $Q/t0); sets REPO to the carried tree.
+copy_repo() {
+  date +%s > $Q/t0; REPO=$PWD
+  rm -rf /tmp/qrepo && mkdir -p /tmp/qrepo && cp -r qtune examples benchmarks pyproject.toml \
+    /tmp/qrepo/ && mkdir -p /tmp/qrepo/studies /tmp/qrepo/profiles
+}
+# image_venv VENV: a venv that sees the image's packages (its torch) after its own;
+# sets SP to its site-packages and IMAGE_SITE to the image's; exit 3 if it cannot.
+image_venv() {
+  IMAGE_SITE=$(python3 -c "import site; print(site.getsitepackages()[0])")
+  python3 -m venv --without-pip $1 || exit 3
+  SP=$($1/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  echo "import site; site.addsitedir('$IMAGE_SITE')" > $SP/zz-image-site.pth
+}
 # install_vllm_venv: what the vLLM recipes' "start" does before their chain: copy
 # the repo to /tmp/qrepo, the last part (.vwheels/p$LAST; all.sha and .qwheels
 # carried with it), join and check the set, install it into /tmp/venv-vllm, a venv
 # that sees the image's torch after its own packages, then probe.  Sets REPO and
 # leaves the shell in /tmp/qrepo; exit 3 if the set is not whole.
 install_vllm_venv() {
-  date +%s > $Q/t0; REPO=$PWD
-  rm -rf /tmp/qrepo && mkdir -p /tmp/qrepo && cp -r qtune examples benchmarks pyproject.toml \
-    /tmp/qrepo/ && mkdir -p /tmp/qrepo/studies /tmp/qrepo/profiles
+  copy_repo
   cp .vwheels/p${LAST:-7}/* /tmp/wh/v/ || exit 3
   t=$(date +%s)
-  IMAGE_SITE=$(python3 -c "import site; print(site.getsitepackages()[0])")
   join_parts /tmp/wh/v $REPO/.vwheels/all.sha; cd /tmp/wh/v
   venv=/tmp/venv-vllm
-  python3 -m venv --without-pip $venv || exit 3
-  SP=$($venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  echo "import site; site.addsitedir('$IMAGE_SITE')" > $SP/zz-image-site.pth
+  image_venv $venv
   # .qwheels (carried with the last part): qtune's CLI stack at the versions CI tests
   # (typer, click, rich and theirs), over whatever the image holds
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SP \

@@ -31,19 +31,14 @@ copy)
   src=.vwheels; [ "$2" = sg ] && src=.sgwheels
   cp $src/p$3/* /tmp/wh/$2/ && ls /tmp/wh/$2 | tr '\n' ' ' && nvidia-smi -L; exit 0 ;;
 start)
-  date +%s > $Q/t0; REPO=$PWD
-  rm -rf /tmp/qrepo && mkdir -p /tmp/qrepo && cp -r qtune examples benchmarks pyproject.toml \
-    /tmp/qrepo/ && mkdir -p /tmp/qrepo/studies /tmp/qrepo/profiles
+  copy_repo
   cp .sgwheels/p${LAST_SG:-8}/* /tmp/wh/sg/ || exit 3
   t=$(date +%s)
-  IMAGE_SITE=$(python3 -c "import site; print(site.getsitepackages()[0])")
   for e in v sg; do
     src=$REPO/.vwheels; [ $e = sg ] && src=$REPO/.sgwheels
     join_parts /tmp/wh/$e $src/all.sha; cd /tmp/wh/$e
     venv=/tmp/venv-$e; [ $e = v ] && venv=/tmp/venv-vllm; [ $e = sg ] && venv=/tmp/venv-sglang
-    python3 -m venv --without-pip $venv || exit 3
-    SP=$($venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-    echo "import site; site.addsitedir('$IMAGE_SITE')" > $SP/zz-image-site.pth
+    image_venv $venv
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SP \
       /tmp/wh/$e/w/*.whl 2>&1 | tail -3
     [ -f vllm-tree.tar.xz ] && xz -dc vllm-tree.tar.xz | tar xf - -C $SP
