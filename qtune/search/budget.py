@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
@@ -88,8 +89,8 @@ class ConfirmationPlan:
     why: str = ""
 
     @property
-    def runs(self) -> int:
-        return (self.top + 1) * self.repeats if self.top > 0 else 0
+    def off(self) -> bool:
+        return self.repeats <= 0
 
 
 def _median(values: list[float]) -> float:
@@ -146,33 +147,43 @@ def costs(study: optuna.Study) -> Costs:
 
 
 def plan_confirmation(cfg: TuneConfig, study: optuna.Study, direction: str,
-                      candidates: int) -> ConfirmationPlan:
+                      size: Callable[[int], tuple[int, int]], *,
+                      trying: bool = False) -> ConfirmationPlan:
     """The confirmation this study will run: its flags', or with a time
     budget and no flags that fix it, the largest that fits in
     ``CONFIRM_SHARE`` of the budget (at least the best config and the
-    defaults, once each).  ``candidates``: feasible configs so far."""
+    defaults, once each).  ``size(k)``: how many configs a confirmation of
+    the best ``k`` re-measures, the engine defaults included, now and if the
+    next trial joined it.  It is sized for the next trial joining it (so a
+    winner found late is confirmed as planned); its seconds are for the
+    configs it holds now, or with the next one when ``trying``."""
     if cfg.confirm_top <= 0 or cfg.confirm_repeats <= 0 or cfg.pick is not None \
             or direction == "pareto":
         return ConfirmationPlan(0, 0, 0.0, "off")
     c = costs(study)
-    top = max(1, min(cfg.confirm_top, candidates))
+
+    def seconds(n: int, r: int) -> float:
+        # every config on r fresh starts, and the defaults' one fallback rung
+        # on each (challenged at a winner's load, or failing their own)
+        return (n * c.confirm_run_s + c.fallback_s) * r if n else 0.0
 
     def plan(k: int, r: int, why: str = "") -> ConfirmationPlan:
-        # the defaults are challenged on each of their r fresh starts
-        return ConfirmationPlan(k, r, (k + 1) * r * c.confirm_run_s + r * c.fallback_s, why)
+        now, joined = size(k)
+        return ConfirmationPlan(k, r, seconds(joined if trying else now, r), why)
 
+    top = cfg.confirm_top
     if cfg.time_budget is None or cfg.confirm_fixed:
         return plan(top, cfg.confirm_repeats)
     share = CONFIRM_SHARE * cfg.time_budget
     for k, r in ((top, cfg.confirm_repeats), (1, cfg.confirm_repeats), (1, 1)):
-        p = plan(min(k, top), r)
-        if p.seconds <= share or (k, r) == (1, 1):
-            if (p.top, p.repeats) != (top, cfg.confirm_repeats):
-                return plan(p.top, p.repeats,
-                            f"sized to the time budget: the best {p.top} and the engine "
-                            f"defaults, {p.repeats} fresh start{'s' if p.repeats > 1 else ''}"
-                            f" each (~{p.seconds / 60:.1f} min)")
-            return p
+        k = min(k, top)
+        if seconds(size(k)[1], r) <= share or (k, r) == (1, 1):
+            if (k, r) != (top, cfg.confirm_repeats):
+                joined = seconds(size(k)[1], r)
+                return plan(k, r, f"sized to the time budget: the best {k} and the engine "
+                            f"defaults, {r} fresh start{'s' if r > 1 else ''} each "
+                            f"(~{joined / 60:.1f} min at most)")
+            return plan(k, r)
     raise AssertionError("unreachable: the last plan is always taken")
 
 
@@ -210,4 +221,4 @@ def trial_budget(cfg: TuneConfig, started: float,
     """A trial's budget (None: no ``--time-budget``)."""
     if cfg.time_budget is None:
         return None
-    return TrialBudget(started + cfg.time_budget - reserve.seconds, reserve.top > 0)
+    return TrialBudget(started + cfg.time_budget - reserve.seconds, not reserve.off)

@@ -7,23 +7,59 @@ from __future__ import annotations
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
+from qtune.objectives import get_objective
 from qtune.search.budget import ConfirmationPlan, plan_confirmation
 from qtune.search.inputs import Prepared
-from qtune.search.records import Attr, StudyAttr, TrialRecord, TrialStatus
+from qtune.search.records import StudyAttr, TrialRecord, TrialStatus
 from qtune.search.reporter import Reporter
 from qtune.search.trial import remeasure
 from qtune.seeds import Phase
 from qtune.stats import bootstrap_median
 
 
-def confirmation_plan(prep: Prepared, study: optuna.Study) -> ConfirmationPlan:
-    """The confirmation this study will run, as planned now."""
-    feasible = sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                   if TrialRecord.from_frozen(t).feasible
-                   and t.user_attrs.get(Attr.STATUS) == TrialStatus.OK)
-    return plan_confirmation(prep.cfg, study, prep.direction, feasible)
+def confirmation_plan(prep: Prepared, study: optuna.Study, *,
+                      trying: bool = False) -> ConfirmationPlan:
+    """The confirmation this study will run, as planned now; ``trying``: as
+    it would be if the next trial joined it (what that trial's own search
+    must leave time for)."""
+    recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
+
+    def size(k: int) -> tuple[int, int]:
+        chosen = candidates(prep, recs, k)
+        return len(chosen), len(chosen) + (sum(not r.baseline for r in chosen) < k)
+
+    return plan_confirmation(prep.cfg, study, prep.direction, size, trying=trying)
+
+
+def candidates(prep: Prepared, recs: list[TrialRecord], k: int) -> list[TrialRecord]:
+    """What a confirmation of the best ``k`` re-measures: the ``k`` best
+    feasible configs and the engine defaults (of each engine among them).
+    For a gated objective (capacity) only the configs that beat their
+    engine's defaults: a tie cannot win, and on a time budget its fresh
+    start is the price of a sixth launch (run 15 on one H200)."""
+    objective = get_objective(prep.cfg.objective)
+    # (a speculative candidate is compared with its base in its own phase)
+    feas = [r for r in recs if r.feasible and r.value is not None
+            and r.status == TrialStatus.OK and r.spec_of is None]
+    sign = objective.sign
+    top = sorted(feas, key=lambda r: sign * r.value)[:k]  # type: ignore[operator]
+    # (On a CPU study a 2-run winner at 1.7x re-measured at 0.77x in verify:
+    # a config can be lucky twice; the defaults' own spread is the yardstick.)
+    if prep.engines:
+        # Across engines: the defaults of each engine in the top K, each
+        # winner is compared with its own engine's defaults.
+        engines = {r.engine for r in top}
+        top += [r for r in feas if r.baseline and r.engine in engines
+                and r.number not in {t.number for t in top}]
+    else:
+        top += [r for r in feas if r.baseline and r.number not in {t.number for t in top}][:1]
+    if objective.gated:
+        defaults = {r.engine: sign * r.value for r in top  # type: ignore[operator]
+                    if r.baseline}
+        top = [r for r in top if r.baseline or r.engine not in defaults
+               or sign * r.value < defaults[r.engine]]  # type: ignore[operator]
+    return top
 
 
 def confirmation(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None:
@@ -58,21 +94,7 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
     k = cfg.confirm_top if k is None else k
     repeats = cfg.confirm_repeats if repeats is None else repeats
     recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
-    # (a speculative candidate is compared with its base in its own phase)
-    feas = [r for r in recs if r.feasible and r.value is not None
-            and r.status == TrialStatus.OK and r.spec_of is None]
-    sign = -1 if prep.direction == "maximize" else 1
-    top = sorted(feas, key=lambda r: sign * r.value)[:k]  # type: ignore[operator]
-    # (On a CPU study a 2-run winner at 1.7x re-measured at 0.77x in verify:
-    # a config can be lucky twice; the defaults' own spread is the yardstick.)
-    if prep.engines:
-        # Across engines: the defaults of each engine in the top K, each
-        # winner is compared with its own engine's defaults.
-        engines = {r.engine for r in top}
-        top += [r for r in feas if r.baseline and r.engine in engines
-                and r.number not in {t.number for t in top}]
-    else:
-        top += [r for r in feas if r.baseline and r.number not in {t.number for t in top}][:1]
+    top = candidates(prep, recs, k)
     if not top:
         return
     # With nothing else feasible (or nothing that beat them) the defaults are

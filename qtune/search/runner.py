@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from qtune.engines.base import LoadView
 from qtune.errors import StudyError, mask_url
+from qtune.objectives import get_objective
 from qtune.search import fleet, optuna_api
 from qtune.search.budget import (
     TrialBudget,
@@ -329,15 +330,22 @@ def _has_baseline(prep: Prepared, study: optuna.Study, engine: str | None = None
 
 def _over_budget(prep: Prepared, study: optuna.Study, started: float) -> str | None:
     """Start a trial only if a typical one, and the confirmation planned
-    after the search, still fit in the budget (``qtune.search.budget``)."""
-    return over_budget(prep.cfg, study, started, confirmation_plan(prep, study))
+    after the search, still fit in the budget (``qtune.search.budget``).
+    With a gated objective (capacity) the confirmation as it stands: a
+    trial joins it only by beating the defaults, and its own search ends in
+    time for that (``_budget``); a trial that holds the best so far too late
+    to search upward ties, and a tie is not confirmed.  Otherwise as if the
+    trial joined it."""
+    trying = not get_objective(prep.cfg.objective).gated
+    return over_budget(prep.cfg, study, started,
+                       confirmation_plan(prep, study, trying=trying))
 
 
 def _budget(prep: Prepared, study: optuna.Study, started: float) -> TrialBudget | None:
     """When a trial's capacity search must end so that the confirmation
     still fits, and whether the confirmation re-measures its answer
     (``qtune.search.budget.trial_budget``)."""
-    return trial_budget(prep.cfg, started, confirmation_plan(prep, study))
+    return trial_budget(prep.cfg, started, confirmation_plan(prep, study, trying=True))
 
 
 def _run_seeds(prep: Prepared, study: optuna.Study, reporter: Reporter,

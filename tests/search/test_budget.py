@@ -29,6 +29,12 @@ def _study(trials: list[tuple[float, float, float]]) -> optuna.Study:
     return st
 
 
+def with_contenders(n: int):
+    """A confirmation's size with ``n`` configs beside the defaults: the
+    best k of them and the defaults."""
+    return lambda k: (min(k, n) + 1, min(k, n + 1) + 1)
+
+
 def test_costs_leave_the_cold_first_start_out():
     st = _study([(480, 200, 60), (130, 70, 58), (150, 80, 62)])
     c = costs(st)
@@ -52,26 +58,26 @@ def test_the_confirmation_is_sized_to_the_budget():
     fit; the best config and the defaults once each (4.5 min) do."""
     st = _study([(480, 200, 60), (130, 70, 58), (150, 80, 62)])
     cfg = TuneConfig(time_budget=20 * 60)
-    p = plan_confirmation(cfg, st, "maximize", candidates=3)
+    p = plan_confirmation(cfg, st, "maximize", with_contenders(2))
     # two fresh starts and one fallback rung (the defaults failing the winner's load)
     assert (p.top, p.repeats) == (1, 1) and p.seconds == 2 * 115 + 40
     assert p.seconds <= CONFIRM_SHARE * cfg.time_budget and "sized to the time budget" in p.why
     # a budget large enough keeps the flags' size
-    big = plan_confirmation(TuneConfig(time_budget=4 * 3600), st, "maximize", 3)
+    big = plan_confirmation(TuneConfig(time_budget=4 * 3600), st, "maximize", with_contenders(2))
     assert (big.top, big.repeats, big.why) == (3, 2, "")
     # flags given explicitly are kept, whatever they cost
     fixed = plan_confirmation(TuneConfig(time_budget=20 * 60, confirm_top=2, confirm_repeats=2,
-                                         confirm_fixed=True), st, "maximize", 3)
+                                         confirm_fixed=True), st, "maximize", with_contenders(2))
     assert (fixed.top, fixed.repeats) == (2, 2)
     # no confirmation for a Pareto front, or with --confirm-top 0
-    assert plan_confirmation(cfg, st, "pareto", 3).runs == 0
-    assert plan_confirmation(TuneConfig(confirm_top=0), st, "maximize", 3).runs == 0
+    assert plan_confirmation(cfg, st, "pareto", with_contenders(2)).off
+    assert plan_confirmation(TuneConfig(confirm_top=0), st, "maximize", with_contenders(2)).off
 
 
 def test_the_search_stops_early_enough_to_pay_the_confirmation():
     st = _study([(480, 200, 60), (130, 70, 58), (150, 80, 62)])
     cfg = TuneConfig(time_budget=20 * 60)
-    plan = plan_confirmation(cfg, st, "maximize", 3)
+    plan = plan_confirmation(cfg, st, "maximize", with_contenders(2))
     now = time.monotonic()
     # 12 minutes in: a trial (140 s) and the reserve (270 s) still fit in 8
     assert over_budget(cfg, st, now - 12 * 60, plan) is None
@@ -93,7 +99,7 @@ def test_a_capacity_launch_is_priced_as_a_loser_and_its_search_ends_in_time():
     c = costs(st)
     assert c.capacity and c.next_s == c.start_s + c.run_s == 98 + 40
     cfg = TuneConfig(time_budget=1200)
-    reserve = plan_confirmation(cfg, st, "maximize", candidates=2)
+    reserve = plan_confirmation(cfg, st, "maximize", with_contenders(1))
     assert reserve.seconds == 2 * (98 + 40) + 40
     started = time.monotonic() - 740
     assert over_budget(cfg, st, started, reserve) is None  # 138 + 316 <= 460
@@ -102,7 +108,8 @@ def test_a_capacity_launch_is_priced_as_a_loser_and_its_search_ends_in_time():
     assert abs(budget.deadline - (started + 1200 - reserve.seconds)) < 1e-6
     assert trial_budget(TuneConfig(), started, reserve) is None
     # with the confirmation off, a trial re-measures its own answer
-    off = plan_confirmation(TuneConfig(time_budget=1200, confirm_top=0), st, "maximize", 2)
+    off = plan_confirmation(TuneConfig(time_budget=1200, confirm_top=0), st, "maximize",
+                            with_contenders(1))
     budget_off = trial_budget(cfg, started, off)
     assert budget_off is not None and not budget_off.confirmed_later
     # the gate closes once a loser no longer fits
@@ -133,3 +140,38 @@ def test_the_gate_prices_a_loser_at_its_floor_probe():
     # run 15 on one H200: three losers (starts 89-97 s, probes 15-27 s)
     # after a cold defaults' trial were priced 2.2 min with a 37 s window
     # probe; at a start and the longest floor probe they are 2.0 min
+
+
+def test_a_tie_is_not_confirmed_and_the_defaults_alone_reserve_one_start():
+    """A capacity trial that only held the best so far (a tie: the defaults
+    win it) is left out of the confirmation and of its reserve, so the gate
+    keeps one config's fresh start, not two, while nothing beat the
+    defaults: on run 15's H200 figures that is the price of a sixth launch.
+    A trial's own search still leaves time for it to join (``trying``)."""
+    from types import SimpleNamespace
+
+    from qtune.search.confirm import candidates, confirmation_plan
+    from qtune.search.records import TrialRecord, TrialStatus
+
+    def rec(n: int, value: float, baseline: bool = False) -> TrialRecord:
+        return TrialRecord(n, {}, TrialStatus.OK, baseline=baseline, value=value,
+                           feasible=True)
+
+    defaults, tie, winner = rec(0, 26.4, True), rec(1, 26.4), rec(2, 30.0)
+    capacity = SimpleNamespace(cfg=TuneConfig(objective="capacity"), engines=None)
+    assert candidates(capacity, [defaults, tie], 3) == [defaults]
+    assert candidates(capacity, [defaults, tie, winner], 3) == [winner, defaults]
+    # a latency study confirms its best K, whatever the defaults did
+    latency = SimpleNamespace(cfg=TuneConfig(objective="throughput"), engines=None)
+    assert candidates(latency, [defaults, tie], 3) == [defaults, tie]
+
+    st = _study([(480, 200, 60), (130, 70, 58)])
+    # the second trial tied the defaults (value 1.0 each): one config reserved
+    prep = SimpleNamespace(cfg=TuneConfig(objective="capacity", time_budget=1200),
+                           direction="maximize", engines=None)
+    c = costs(st)
+    now = confirmation_plan(prep, st)
+    assert now.seconds == (c.confirm_run_s + c.fallback_s) * now.repeats
+    trying = confirmation_plan(prep, st, trying=True)
+    assert trying.seconds == (2 * c.confirm_run_s + c.fallback_s) * trying.repeats
+    assert trying.seconds > now.seconds and (trying.top, trying.repeats) == (now.top, now.repeats)
