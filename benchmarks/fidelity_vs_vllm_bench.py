@@ -111,6 +111,28 @@ def run_qtune(base_url: str, model: str, tok: Path, a: argparse.Namespace, i: in
     )
 
 
+def fit_rate(base_url: str, model: str, tok: Path, a: argparse.Namespace) -> float:
+    """The rate at which requests served one at a time would overlap about
+    once on average (Little: in flight = rate x e2e), capped at --rate.
+
+    A CI host without AVX-512 served TPOT p50 of 112 and 213 ms to the two
+    clients at 4 req/s (about 30x this VM's): overloaded, the medians
+    measure the queue, not the clients."""
+    from qtune import seeds
+    from qtune.load import Workload, run_load
+
+    wl = Workload(a.input_len, a.output_len, concurrency=1, requests=max(4, a.prewarm),
+                  warmup_requests=0, seed=seeds.warmup(a.seed + 1))
+    res = asyncio.run(run_load(base_url, model, wl, tokenizer=tok))
+    e2e = [x.e2e for x in res.samples if x.ok and x.e2e]
+    if not e2e:
+        raise SystemExit("fidelity: no request of the rate fit completed")
+    rate = min(a.rate, len(e2e) / sum(e2e))
+    print(f"  rate fit: mean e2e {sum(e2e) / len(e2e) * 1e3:.0f} ms one at a time "
+          f"-> {rate:.3g} req/s", flush=True)
+    return rate
+
+
 # --------------------------------------------------------------------------- B
 def _vllm_run_from_outputs(outs: list, dur: float, i: int, thr: float | None = None) -> Run:
     from vllm.benchmarks.serve import calculate_metrics
@@ -292,6 +314,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="off: --no-enable-prefix-caching; reset: keep it on and "
                     "POST /reset_prefix_cache before each run (dev mode)")
     ap.add_argument("--kv-space", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE GiB")
+    ap.add_argument("--fit-rate", action="store_true",
+                    help="lower --rate to what this host serves one request at a "
+                    "time (1 / mean e2e of the prewarm, sent one by one), so the "
+                    "server keeps up on a slow host; near saturation the two "
+                    "clients' medians part whatever their definitions")
     ap.add_argument("--quick", action="store_true",
                     help="40 requests, 1 repeat each, 4 prewarm (about 1.5 min)")
     ap.add_argument("--max-tries", type=int, default=3,
@@ -364,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                           requests=a.prewarm, warmup_requests=0,
                           seed=seeds.warmup(a.seed))
             asyncio.run(run_load(spec.base_url, spec.served_model, wl, tokenizer=tok))
+        if a.fit_rate:
+            a.rate = fit_rate(spec.base_url, spec.served_model, tok, a)
         for i in range(a.repeats):
             for client in ("qtune", "vllm"):
                 for attempt in range(1, a.max_tries + 1):

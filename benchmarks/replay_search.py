@@ -108,7 +108,7 @@ def table_prep(table: Table, work: Path) -> Any:
     """The Prepared a live search of the table's space and workload gets:
     the grid of the configs it measured (all of them, unless it was cut
     short), the table's fixed params."""
-    grid = measured_grid(list(table.params.values()))
+    grid = measured_grid(list(table.params.values()), tuple(table.meta["space"]))
     table.meta["space"] = grid
     space = work / "space.yaml"
     space.write_text("".join(f"{k}: {json.dumps(v)}\n"

@@ -162,7 +162,8 @@ def check_sources(profile: Any, where: str,
         if args is not None and info is None:
             raise ProfileError(f"{field}: {label} has no such argument",
                                hint="a param is one of the engine's arguments (its "
-                                    "dest, like max_num_seqs); re-run qtune search")
+                                    "dest: the flag's name in snake_case); re-run "
+                                    "qtune search")
         if info is not None:
             why = _type_error(name, value, info, label)
             if why:

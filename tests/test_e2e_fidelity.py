@@ -26,7 +26,7 @@ def test_qtune_agrees_with_vllms_client(tmp_path):
     out = tmp_path / "fid.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity_vs_vllm_bench.py"),
                         "--quick", "--repeats", "2", "--vllm-client", "reqfunc",
-                        "--quiet", "2", "--max-tries", "1", "--json", str(out),
+                        "--quiet", "2", "--max-tries", "1", "--fit-rate", "--json", str(out),
                         "--workdir", str(tmp_path / "w")],
                        capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -36,6 +36,8 @@ def test_qtune_agrees_with_vllms_client(tmp_path):
     # TTFT in it), not 10% gaps: the server alone moves TPOT p50 by up to
     # 1.44x between runs of the *same* client on this 2-core VM (4.61 against
     # 3.20 ms, fidelity_vs_vllm_bench.py, issue 3 note), and one CI run saw 0.73.
+    # --fit-rate keeps the server ahead of the load: a CI host without
+    # AVX-512 was overloaded at 4 req/s (TPOT p50 113 against 213 ms).
     for m in ("ttft_p50", "tpot_p50", "itl_p50", "e2e_p50"):
         assert 0.6 < q[m] / v[m] < 1.67, (m, q[m], v[m])
     # Same schedule, same count: the offered and served rates must match.

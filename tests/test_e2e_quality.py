@@ -20,7 +20,15 @@ pytestmark = [
 ]
 
 
+def _cpu_takes_fp8_kv() -> bool:
+    from qtune.host import probe
+    return bool({"avx512f", "amx_tile"} & set(probe().cpu.flags))
+
+
 def test_a_study_refuses_a_config_whose_quality_drops_beyond_the_threshold(tmp_path):
+    if not _cpu_takes_fp8_kv():
+        # vLLM's adapter refuses it before a launch there (tests/engines/test_vllm.py)
+        pytest.skip("an fp8 KV cache on the CPU build needs AVX-512 or AMX")
     # Every tunable fixed (the defaults' trial runs with them too), except
     # the KV cache format: the one sampled trial is fp8 (e4m3; the CPU build
     # takes it on AVX-512 or AMX with a head size divisible by 32, 64 here).
@@ -40,7 +48,7 @@ def test_a_study_refuses_a_config_whose_quality_drops_beyond_the_threshold(tmp_p
     assert base["quality"]["note"] == "reference" and base["quality"]["perplexity"] > 1
     # Real text: prompts counted by the model's tokenizer match the server's.
     assert base["summary"]["completed"] == 8 and "length_mismatch" not in base["summary"]
-    assert fp8["params"]["kv_cache_dtype"] == "fp8" and fp8["status"] == "ok"
+    assert fp8["params"]["kv_cache_dtype"] == "fp8" and fp8["status"] == "ok", fp8
     q = fp8["quality"]
     assert q["measured"] and q["numerics"] == {"kv_cache_dtype": "fp8"}
     assert q["loss"] > 0.005 and q["tokens"] > 2000

@@ -266,23 +266,13 @@ def rehome(path: str) -> str:
     return HOME + path[len("/root"):] if path == "/root" or path.startswith("/root/") else path
 
 
-def _env_number(profile: Profile, key: str) -> float | None:
-    from qtune.emit.prometheus import figure
-
-    raw = profile.env.get(key)
-    try:
-        return figure(float(raw), 1e6) if raw is not None else None
-    except ValueError:
-        return None
-
-
 def sizing(profile: Profile, c: Container) -> Sizing:
     """What a container of ``profile`` is given, in GiB and CPUs (Kubernetes'
     requests and limits, Compose's reservations and limits), and a header
     line saying where the figures come from.
 
     - requests: what the server needs at least.  CPU build: the KV cache
-      (``VLLM_CPU_KVCACHE_SPACE`` GiB) plus 1.5 GiB for the API server, engine
+      (the engine's ``cpu_cache_memory``) plus 1.5 GiB for the API server, engine
       and torch runtime (``qtune.estimate.CPU_HEADROOM``, measured ~1.3 GiB on
       vllm-cpu 0.32) plus the shared memory; one CPU per CPU it was placed on
       (else every CPU of the tuning host).  GPU build: 4 GiB per GPU (the
@@ -319,16 +309,10 @@ def sizing(profile: Profile, c: Container) -> Sizing:
                              else 2)
         share = (placed / cpus_total) if placed and isinstance(cpus_total, int) and \
             cpus_total >= placed else 1.0
-        kv = _env_number(profile, "VLLM_CPU_KVCACHE_SPACE")
-        if kv is not None:
-            kv_why = f"{kv:g} GiB KV cache (VLLM_CPU_KVCACHE_SPACE)"
-        elif mem_known:
-            # unset: vLLM's CPU backend takes 0.92 of its NUMA node's memory
-            kv = 0.92 * float(host_gib or 0) * share
-            kv_why = f"{kv:.0f} GiB KV cache (vLLM's default, 0.92 of the memory)"
-        else:
-            kv = 4.0
-            kv_why = "4 GiB KV cache (a guess: set VLLM_CPU_KVCACHE_SPACE)"
+        engine = ENGINES.get(profile.engine.name)
+        cache = engine.cpu_cache_memory(
+            profile.env, host_gib * share if host_gib is not None else None) if engine else None
+        kv, kv_why = cache or (4.0, "4 GiB KV cache (a guess: the engine's is not known)")
         mem_req = shm + kv + CPU_HEADROOM / GiB
         why = f"requests: {shm} GiB shared memory + {kv_why} + 1.5 GiB runtime, {cpu_req} CPUs"
     mem_req = math.ceil(mem_req)

@@ -39,8 +39,8 @@ from __future__ import annotations
 import re
 
 from qtune.emit.common import one_line, start_timeout, summary_lines
+from qtune.engines import ENGINES
 from qtune.errors import InputError
-from qtune.host.cpubind import bind_cpus
 from qtune.host.sysfs import format_cpulist, parse_cpulist
 from qtune.profile import Profile
 
@@ -232,9 +232,6 @@ def _identity(name: str, user: str | None, gpu: bool) -> list[str]:
     return lines
 
 
-_BIND = "VLLM_CPU_OMP_THREADS_BIND"
-
-
 def _placement_values(place: dict[str, object]) -> tuple[str, int]:
     """CPUAffinity= and NUMAMask= values, checked here too: the profile
     checks them at load, and these lines are the unit's own guard."""
@@ -249,28 +246,20 @@ def _placement_values(place: dict[str, object]) -> tuple[str, int]:
 
 
 def _thread_binding(profile: Profile, cpus: str | None) -> list[str]:
-    """Comment lines on the CPU build's thread binding, and the check that
-    an explicit one lies inside the unit's CPUAffinity= (vLLM cannot pin a
-    thread to a CPU its cgroup may not use: the worker would fail at start)."""
-    if profile.engine.build != "cpu":
+    """Comment lines on how the server pins its threads (the engine's
+    ``cpu_binding``), and the check that the CPUs it pins lie inside the
+    unit's CPUAffinity= (a thread cannot be pinned to a CPU its cgroup may
+    not use: the worker would fail at start)."""
+    engine = ENGINES.get(profile.engine.name)
+    binding = engine.cpu_binding(profile.env, profile.engine.build) if engine else None
+    if binding is None:
         return []
-    bind = profile.env.get(_BIND, "auto")
-    try:
-        lists = bind_cpus(bind)
-    except ValueError:
-        raise InputError(f"env {_BIND} is neither auto, nobind nor CPU lists",
-                         hint="lists of CPUs per rank, like 0-31|32-63") from None
-    if lists is None:
-        what = {"auto": "vLLM pins one thread per core of each rank's node itself",
-                "nobind": "vLLM leaves the threads unpinned"}[bind]
-    else:
-        what = f"threads pinned to CPUs {bind} (one list per rank)"
-        if cpus is not None:
-            stray = sorted({c for cl in lists for c in cl} - set(parse_cpulist(cpus)))
-            if stray:
-                raise InputError(
-                    f"env {_BIND} names CPUs outside the unit's CPUAffinity "
-                    f"({format_cpulist(stray)})",
-                    hint="the profile's placement and thread binding disagree: "
-                         "tune again on this host")
-    return [comment(f"threads: {_BIND}={bind}: {what}")]
+    if binding.cpus is not None and cpus is not None:
+        stray = sorted(binding.cpus - set(parse_cpulist(cpus)))
+        if stray:
+            raise InputError(
+                f"env {binding.setting.partition('=')[0]} names CPUs outside the unit's "
+                f"CPUAffinity ({format_cpulist(stray)})",
+                hint="the profile's placement and thread binding disagree: tune again on "
+                     "this host")
+    return [comment(f"threads: {binding.setting}: {binding.what}")]

@@ -162,6 +162,18 @@ class CommandWords:
         return list(self.image_command) or [argv[0].rsplit("/", 1)[-1]], list(argv[1:])
 
 
+@dataclass(frozen=True)
+class CpuBinding:
+    """How a launch pins its threads to CPUs, as a unit states it:
+    ``setting`` (the environment that says so), ``what`` (in words), and
+    ``cpus``, the CPUs it pins to (None: the engine picks them, or nothing
+    is pinned), which must lie inside the unit's CPUAffinity=."""
+
+    setting: str
+    what: str
+    cpus: frozenset[int] | None = None
+
+
 class Engine(abc.ABC):
     """An inference engine adapter.  Subclasses implement the abstract
     methods; every other method is an optional hook whose default says "this
@@ -322,6 +334,21 @@ class Engine(abc.ABC):
         compile and whether its cache had it, graph capture, engine init).
         Default: nothing read, the whole start unaccounted."""
         return StartPhases(ready_s=ready_s)
+
+    def cpu_binding(self, env: Mapping[str, str], build: str) -> CpuBinding | None:
+        """How a launch with ``env`` on ``build`` pins its threads (the
+        systemd unit states it and checks it against CPUAffinity=); a
+        malformed value raises InputError.  Default: None (the engine does
+        not pin its threads)."""
+        return None
+
+    def cpu_cache_memory(self, env: Mapping[str, str],
+                         host_gib: float | None) -> tuple[float, str] | None:
+        """A CPU build's KV cache in host memory under ``env``, in GiB and in
+        words (the container formats request it), given the memory of the
+        host share it runs on (None: not known).  Default: None (unknown:
+        the container formats guess and say so)."""
+        return None
 
     def compile_cache_env(self, root: Path) -> dict[str, str]:
         """Environment that puts the engine's compile caches under ``root``

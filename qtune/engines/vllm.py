@@ -24,8 +24,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from qtune.engines import vllm_cpubind as cpubind
 from qtune.engines.base import (  # to_flag: re-exported for tests
     CacheVolume,
+    CpuBinding,
     Engine,
     Failure,
     LaunchSpec,
@@ -41,8 +43,9 @@ from qtune.engines.base import (  # to_flag: re-exported for tests
     to_flag,
 )
 from qtune.engines.vllm_args import engine_args
+from qtune.errors import InputError
 from qtune.estimate import Estimate, GiB, estimate_cpu, estimate_gpu
-from qtune.host import NO_MULTICAST, Finding, HostFacts, cpubind
+from qtune.host import NO_MULTICAST, Finding, HostFacts
 from qtune.host.installed import Detect, EngineInstall, Found, PythonFacts
 
 # Root-cause strings from the startup log → failure class.  Order matters:
@@ -281,8 +284,8 @@ class VLLM(Engine):
         return facts.torch_build
 
     def host_findings(self, facts: HostFacts) -> list[Finding]:
-        """A build that does not match the hardware, and tcmalloc for the
-        CPU backend."""
+        """A build that does not match the hardware; for the CPU backend
+        tcmalloc, the NUMA nodes' memory view and their count."""
         out = []
         vllm = facts.engines.get(self.name)
         if vllm and vllm.build == "cuda" and not facts.gpus:
@@ -315,6 +318,13 @@ class VLLM(Engine):
                 "view, common in VMs)",
                 "vLLM's CPU backend sizes its default KV budget from the node: "
                 "set VLLM_CPU_KVCACHE_SPACE explicitly (qtune tunes it)"))
+        if cpu_serving and len(facts.numa) > 1:
+            out.append(Finding(
+                "cpu-multi-numa", "info",
+                f"{len(facts.numa)} NUMA nodes: vLLM's CPU backend binds one "
+                "tensor-parallel rank per node",
+                f"tune with tensor_parallel_size={len(facts.numa)} or bind to one "
+                f"node ({_BIND})"))
         return out
 
     def start_phases(self, log_text: str, ready_s: float) -> StartPhases:
@@ -331,6 +341,40 @@ class VLLM(Engine):
         elif re.search(_CACHE_HIT, log_text):
             hit = True
         return StartPhases(ready_s=ready_s, cache_hit=hit, **found)
+
+    def cpu_binding(self, env: Mapping[str, str], build: str) -> CpuBinding | None:
+        """The CPU build pins its OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND``,
+        ``auto`` by default); the CUDA build does not."""
+        if build != "cpu":
+            return None
+        bind = env.get(_BIND, "auto")
+        try:
+            lists = cpubind.bind_cpus(bind)
+        except ValueError:
+            raise InputError(f"env {_BIND} is neither auto, nobind nor CPU lists",
+                             hint="lists of CPUs per rank, like 0-31|32-63") from None
+        if lists is None:
+            what = {"auto": "vLLM pins one thread per core of each rank's node itself",
+                    "nobind": "vLLM leaves the threads unpinned"}[bind]
+            return CpuBinding(f"{_BIND}={bind}", what)
+        return CpuBinding(f"{_BIND}={bind}", f"threads pinned to CPUs {bind} (one list per rank)",
+                          frozenset(c for cpus in lists for c in cpus))
+
+    def cpu_cache_memory(self, env: Mapping[str, str],
+                         host_gib: float | None) -> tuple[float, str] | None:
+        """``VLLM_CPU_KVCACHE_SPACE`` GiB; unset, the CPU backend takes 0.92
+        of its NUMA node's memory."""
+        raw = env.get(_KV_SPACE)
+        try:
+            kv = float(raw) if raw is not None else None
+        except ValueError:
+            kv = None
+        if kv is not None and math.isfinite(kv) and 0 <= kv <= 1e6:
+            return kv, f"{kv:g} GiB KV cache ({_KV_SPACE})"
+        if host_gib is None:
+            return 4.0, f"4 GiB KV cache (a guess: set {_KV_SPACE})"
+        kv = 0.92 * host_gib
+        return kv, f"{kv:.0f} GiB KV cache (vLLM's default, 0.92 of the memory)"
 
     def compile_cache_env(self, root: Path) -> dict[str, str]:
         """vLLM's torch.compile artefacts (``VLLM_CACHE_ROOT``) and
@@ -725,6 +769,7 @@ class VLLM(Engine):
         n_gpus = self.gpus_used(params)
         if ctx.install.build == "cpu":
             out += _check_cpu_binding(params, ctx, n_gpus)
+            out += _check_cpu_fp8_kv(params, ctx)
         elif n_gpus > 1 and n_gpus > len(ctx.host.gpus):
             out.append(f"tensor x pipeline x data parallel sizes ({n_gpus}) > "
                        f"{len(ctx.host.gpus)} GPUs")
@@ -900,6 +945,9 @@ class VLLM(Engine):
 _NO_PRELOAD = "glibc"
 
 
+_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+_KV_SPACE = "VLLM_CPU_KVCACHE_SPACE"
+
 # Physical cores below which thread placement and the reserve are searched
 # only when a --space file names them (see _cpu_host_params).
 _BIND_MIN_CORES = 8
@@ -918,6 +966,22 @@ def _bundles_tcmalloc(location: str | None) -> bool:
     libs = os.path.join(os.path.dirname(location), "libs") if location else ""
     return bool(libs) and os.path.isdir(libs) and any(
         f.startswith("libtcmalloc") for f in os.listdir(libs))
+
+
+def _check_cpu_fp8_kv(params: Mapping[str, Any], ctx: SpaceContext) -> list[str]:
+    """vLLM's CPU attention refuses an fp8 KV cache at start without AVX-512
+    or AMX, or with a head size not divisible by 32 (cpu_attn._get_attn_isa,
+    0.32): known before a launch, so no start is spent learning it (a CI
+    host without AVX-512 failed such a trial at start)."""
+    if not str(params.get("kv_cache_dtype", "auto")).startswith("fp8"):
+        return []
+    if not {"avx512f", "amx_tile"} & set(ctx.host.cpu.flags):
+        return ["kv_cache_dtype fp8 on the CPU build needs AVX-512 or AMX, which this "
+                "CPU lacks"]
+    if ctx.model.head_dim % 32:
+        return [f"kv_cache_dtype fp8 on the CPU build needs a head size divisible by 32 "
+                f"(this model's is {ctx.model.head_dim})"]
+    return []
 
 
 def _check_cpu_binding(params: Mapping[str, Any], ctx: SpaceContext,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from qtune import jsonout
-from qtune.host.cpubind import find_allocators
+from qtune.host.allocators import find_allocators
 from qtune.host.gpu import GPU, GPUReport, read_gpus, record_nvml
 from qtune.host.installed import EngineFinder, InstalledEngines, find_engines_for
 from qtune.host.settings import GOVERNOR, THP_DEFRAG, THP_ENABLED
@@ -344,17 +344,6 @@ def findings(facts: HostFacts) -> list[Finding]:
                 "crashed or hung on such a host",
                 "nothing to do: qtune launches tensor-parallel servers with that "
                 "fusion off here, and its units carry these settings",
-            )
-        )
-    if len(facts.numa) > 1 and not facts.gpus:
-        out.append(
-            Finding(
-                "cpu-multi-numa",
-                "info",
-                f"{len(facts.numa)} NUMA nodes: vLLM's CPU backend binds one "
-                "tensor-parallel rank per node",
-                f"tune with tensor_parallel_size={len(facts.numa)} or bind to one "
-                "node (VLLM_CPU_OMP_THREADS_BIND)",
             )
         )
     for note in facts.engines.notes:

@@ -27,8 +27,9 @@ class SpaceOverride:
     source: str = ""
 
 
-_SPACE_HINT = ("each key is a parameter: a value fixes it, a list gives choices, "
-               "{low, high, log} a range; e.g. 'max_num_seqs: {low: 8, high: 128}'")
+_SPACE_HINT = ("each key is a parameter (an engine argument's dest: its flag in snake_case): "
+               "a value fixes it, a list gives choices, {low, high, log} a range; "
+               "e.g. 'NAME: {low: 8, high: 128}'")
 
 
 def load_space_file(path: Path) -> SpaceOverride:

@@ -139,21 +139,24 @@ class Table:
         return (v / d) if self.meta["direction"] == "maximize" else (d / v)
 
 
-def measured_grid(params: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
-    """The largest product of ``max_num_seqs`` x ``max_num_batched_tokens``
-    values whose every config was measured (a table cut short): the
-    ``max_num_batched_tokens`` of the best-covered ``max_num_seqs``, and
-    every ``max_num_seqs`` that has all of them.  The engine defaults set
-    neither and are always in."""
+def measured_grid(params: Sequence[Mapping[str, Any]],
+                  dims: Sequence[str]) -> dict[str, list[int]]:
+    """The largest product of the grid's two dimensions ``dims`` (outer,
+    inner: as the table's ``space`` names them, e.g. vLLM's auto_tune.sh
+    sweeps max_num_seqs x max_num_batched_tokens) whose every config was
+    measured (a table cut short): the inner values of the best-covered
+    outer value, and every outer value that has all of them.  The engine
+    defaults set neither and are always in."""
+    outer, inner = dims
     have: dict[int, set[int]] = {}
     for p in params:
-        if "max_num_seqs" in p:
-            have.setdefault(p["max_num_seqs"], set()).add(p["max_num_batched_tokens"])
+        if outer in p:
+            have.setdefault(p[outer], set()).add(p[inner])
     if not have:
         return {}
     widest = max(have.values(), key=len)
-    return {"max_num_seqs": sorted(s for s, b in have.items() if b >= widest),
-            "max_num_batched_tokens": sorted(widest)}
+    return {outer: sorted(s for s, b in have.items() if b >= widest),
+            inner: sorted(widest)}
 
 
 def _spec_key(spec: LaunchSpec) -> tuple[Any, ...]:
@@ -380,12 +383,12 @@ def replay_search(prep: Any, table: Table, method: str, budget: int, seed: int,
 
 
 def autotune_order(table: Table) -> list[dict[str, Any]]:
-    """auto_tune.sh's launches: max_num_seqs outer, max_num_batched_tokens
-    inner, each list in the order given."""
-    space = table.meta["space"]
+    """auto_tune.sh's launches: the table's first grid dimension outer
+    (max_num_seqs), its second inner (max_num_batched_tokens), each list in
+    the order given."""
+    (outer, outer_values), (inner, inner_values) = table.meta["space"].items()
     fixed = table.meta["fixed"]
-    return [{"max_num_seqs": s, "max_num_batched_tokens": b, **fixed}
-            for s in space["max_num_seqs"] for b in space["max_num_batched_tokens"]]
+    return [{outer: s, inner: b, **fixed} for s in outer_values for b in inner_values]
 
 
 def _autotune(prep: Any, table: Table, stand: StandIn, budget: int, seed: int) -> Outcome:

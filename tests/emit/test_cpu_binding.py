@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from qtune.emit import emit
 from qtune.emit.systemd import render
+from qtune.engines.vllm_cpubind import bind_cpus
 from qtune.errors import InputError
 from qtune.host import placement, probe
-from qtune.host.cpubind import bind_cpus
 from qtune.host.settings import SETTINGS
 from tests.conftest import FIX
 from tests.emit import readback as rb

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -176,6 +177,21 @@ def _vllm_words(ctx: SpaceContext) -> dict[str, set[str]]:
         | set(v.cache_reset_paths()),
         "log line": log_lines,
         "flag": flags - _SHARED_WORDS,
+        **_names(v, ctx),
+    }
+
+
+def _names(engine: Engine, ctx: SpaceContext) -> dict[str, set[str]]:
+    """The environment variables and parameter names of ``engine``'s space
+    (and its compile cache's variables): other code reaches them through
+    the adapter's hooks, never by name."""
+    space = engine.space(ctx)
+    return {
+        "env": {p.name for p in space if p.target == "env"}
+        | set(engine.compile_cache_env(Path("/c"))),
+        # one-word names ("compile", "dtype", "quantization") are ordinary
+        # words elsewhere (a start phase, a config key); snake_case is a name
+        "param": {p.name for p in space if p.target != "env" and "_" in p.name},
     }
 
 
@@ -191,6 +207,17 @@ def _literals(path: Path) -> list[tuple[int, str]]:
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
 
 
+def _names_word(kind: str, w: str, text: str) -> bool:
+    # A flag is a word of its own; a parameter name is a whole word (the
+    # Hugging Face config's "quantization_config" is not vLLM's
+    # "quantization"); the rest may sit inside text.
+    if kind == "flag":
+        return text == w or text.startswith(w + "=")
+    if kind == "param":
+        return re.search(rf"(?<![\w.-]){re.escape(w)}(?![\w-])", text) is not None
+    return w in text
+
+
 def find_vllm_words(root: Path, words: dict[str, set[str]]) -> list[str]:
     out = []
     for path in sorted(root.rglob("*.py")):
@@ -198,16 +225,33 @@ def find_vllm_words(root: Path, words: dict[str, set[str]]) -> list[str]:
             continue
         for line, text in _literals(path):
             for kind, ws in words.items():
-                # A flag is a word of its own; the rest may sit inside text.
-                hit = [w for w in ws if (text == w or text.startswith(w + "=")
-                                         if kind == "flag" else w in text)]
+                hit = [w for w in ws if _names_word(kind, w, text)]
                 out += [f"{path.relative_to(root.parent)}:{line}: vLLM {kind} {w!r}"
                         for w in hit]
     return out
 
 
-def test_only_the_engine_adapter_names_vllm(cpu_ctx):
-    assert find_vllm_words(ROOT, _vllm_words(cpu_ctx)) == []
+@pytest.fixture
+def gpu_ctx(tmp_path):
+    """vLLM 0.26 CUDA on a captured two-H200 host: the GPU space's names
+    (fp8, CUDA graph capture sizes, its compile cache) are not the CPU's."""
+    from qtune.engines import probe_host
+    from qtune.host.installed import EngineInstall
+    from qtune.model import resolve_model
+    from tests.engines.conftest import H200X2, replay_nvml
+    from tests.fakes.model import make_model
+
+    host = probe_host(root=H200X2, nvml=replay_nvml(H200X2), engine_python=sys.executable)
+    model = resolve_model(str(make_model(tmp_path / "qwen3-4b")))
+    return SpaceContext(host, model, EngineInstall("vllm", "0.26.0", "cuda", sys.executable))
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_only_the_engine_adapter_names_vllm(target, cpu_ctx, gpu_ctx):
+    ctx = cpu_ctx if target == "cpu" else gpu_ctx
+    words = _vllm_words(ctx)
+    assert words["env"] and words["param"]
+    assert find_vllm_words(ROOT, words) == []
 
 
 def _engine_words(engine: Engine, ctx: SpaceContext) -> dict[str, set[str]]:
@@ -233,6 +277,7 @@ def _engine_words(engine: Engine, ctx: SpaceContext) -> dict[str, set[str]]:
         "log line": {p for p in (*spec.fatal_patterns, *spec.idle_patterns)
                      if not set(p) & set("\\()[]*+?^")},
         "flag": {f for f in flags if f.startswith("--")} - shared,
+        **_names(engine, ctx),
     }
 
 
@@ -300,11 +345,14 @@ def test_the_check_finds_each_kind(tmp_path, cpu_ctx):
         'C = ["--max-model-len", "--kv-cache-dtype=fp8", "--model"]\n'
         'D = "/root/.cache/vllm"\n'
         'E = r"Engine core initialization failed"\n'
-        'F = "set --max-model-len lower"\n')
+        'F = "set --max-model-len lower"\n'
+        'G = {"VLLM_CPU_KVCACHE_SPACE": 4}\n'
+        'H = params.get("max_num_seqs")\n'
+        'I = "max_num_seqs_hint and max_num_seqs2 are other words"\n')
     found = find_vllm_words(pkg, _vllm_words(cpu_ctx))
     kinds = sorted({f.split(": vLLM ")[1].split(" '")[0] for f in found})
-    assert kinds == ["cache path", "flag", "image", "log line", "metric"]
-    assert {f.split(":")[1] for f in found} == {"3", "4", "5", "6", "7"}
+    assert kinds == ["cache path", "env", "flag", "image", "log line", "metric", "param"]
+    assert {f.split(":")[1] for f in found} == {"3", "4", "5", "6", "7", "9", "10"}
     assert not any("'--model'" in f for f in found)
 
 

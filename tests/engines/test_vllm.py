@@ -193,6 +193,20 @@ def test_check_hard_constraints(cpu_ctx):
                         "max_num_batched_tokens": 8192}, cpu_ctx)
 
 
+def test_an_fp8_kv_cache_on_the_cpu_build_needs_avx512_or_amx(cpu_ctx):
+    """vLLM 0.32's CPU attention refuses it at start without either (a CI
+    host without AVX-512 lost a start to it): refused before a launch."""
+    v = VLLM()
+    fp8 = {"kv_cache_dtype": "fp8"}
+    assert "avx512f" in cpu_ctx.host.cpu.flags and not v.check(fp8, cpu_ctx)
+    for kept in ([], ["avx2"], ["avx2", "amx_tile"]):
+        cpu = dataclasses.replace(cpu_ctx.host.cpu, flags=kept)
+        ctx = dataclasses.replace(cpu_ctx, host=dataclasses.replace(cpu_ctx.host, cpu=cpu))
+        problems = v.check(fp8, ctx)
+        assert bool(problems) == ("amx_tile" not in kept), (kept, problems)
+        assert not v.check({"kv_cache_dtype": "auto"}, ctx)
+
+
 def test_launch_spec(cpu_ctx):
     spec = VLLM().launch_spec(
         {"max_num_seqs": 8, "enable_prefix_caching": False,

@@ -61,7 +61,7 @@ def build_tiny(monkeypatch: Any, cpu_host: Any, tmp_path: Path) -> Tiny:
 
     meta = json.loads((TABLE / "meta.json").read_text())
     rows = [json.loads(line) for line in (TABLE / "runs.jsonl").read_text().splitlines()]
-    grid = measured_grid([r["params"] for r in rows if "summary" in r])
+    grid = measured_grid([r["params"] for r in rows if "summary" in r], tuple(meta["space"]))
     keep = [r for r in rows if "summary" in r and all(
         r["params"].get(k, v[0]) in v for k, v in grid.items())]
     meta = {**meta, "space": grid}

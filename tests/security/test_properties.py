@@ -45,7 +45,9 @@ def test_userinfo_password_is_masked_whatever_it_holds(u, pw, before, after):
 def test_secret_named_parameters_are_masked(name, value, sep):
     for text in (f"http://h/x{sep}{name}={value}", f"host=db {name}={value} user=x",
                  f'"{name}": "{value}"'):
-        assert value not in redact(text)
+        # the value's own place is masked (it may also be a part of the name:
+        # Hypothesis drew name and value both 'secret')
+        assert redact(text).count(value) == text.count(value) - 1, text
 
 
 @FAST

@@ -39,6 +39,8 @@ $PY -m qtune search --model examples/qwen3-4b --input-len 1024 --output-len 256 
   --storage journal:///tmp/qt/study.log --study h200-trialcost --out $Q/h200-trialcost.yaml \
   --json > $Q/search.json 2> $Q/search.err
 echo "search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
+# where a fresh machine's one-time first-start costs (kernel JIT) are kept
+du -sh ~/.cache/* ~/.triton /tmp/qrepo/studies/*/cache* 2>/dev/null >> $Q/chain.log
 for f in systemd compose kubernetes; do
   $PY -m qtune emit $Q/h200-trialcost.yaml --format $f -o $Q/emit-$f > $Q/emit-$f.out 2>&1
   echo "emit $f rc=$?" >> $Q/chain.log

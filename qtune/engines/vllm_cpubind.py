@@ -19,43 +19,23 @@ What the installed vLLM 0.32 CPU build reads (``vllm/envs.py``,
   PyTorch's libgomp when no OpenMP runtime is preloaded.  The CPU
   installation docs ask for tcmalloc in ``LD_PRELOAD``; jemalloc is not named
   by vLLM, and a bundled tcmalloc would be put in front of it (the first
-  preloaded allocator wins), so jemalloc is offered only without one.
+  preloaded allocator wins), so jemalloc is offered only without one (the
+  host's allocators: ``qtune.host.allocators``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from qtune.host.sysfs import format_cpulist, parse_cpulist
 
 __all__ = ["BindChoice", "auto_reserve", "bind_choices", "bind_cpus",
-           "fewest_cores", "find_allocators", "rank_nodes", "reserve_choices"]
-
-# Where distributions put the allocators (Debian/Ubuntu multiarch, RHEL).
-LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64",
-            "usr/lib")
-# In the order vLLM's docs prefer them; the first file found per allocator.
-_ALLOCATORS = (("tcmalloc", ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")),
-               ("jemalloc", ("libjemalloc.so.2",)))
-
+           "fewest_cores", "rank_nodes", "reserve_choices"]
 
 @dataclass(frozen=True)
 class BindChoice:
     value: str
     why: str
-
-
-def find_allocators(root: Path = Path("/")) -> dict[str, str]:
-    """{allocator: absolute path of its shared library} found on the host."""
-    out: dict[str, str] = {}
-    for name, files in _ALLOCATORS:
-        for d in LIB_DIRS:
-            hit = next((f for f in files if (root / d / f).is_file()), None)
-            if hit:
-                out[name] = "/" + d + "/" + hit
-                break
-    return out
 
 
 def rank_nodes(nodes: list[tuple[int, list[int]]], usable: list[int],
