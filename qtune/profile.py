@@ -42,6 +42,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -210,6 +211,7 @@ Name = Annotated[str, _pattern(_NAME, "must be letters, digits, '.', '_' or '-' 
 Word = Annotated[str, _pattern(_WORD, "must be letters, digits, '.', '_', '+' or '-'")]
 Finite = Annotated[float, AfterValidator(_finite)]
 Size = Annotated[int, Field(ge=1, le=1024)]
+_SIZE: TypeAdapter[int] = TypeAdapter(Size)
 
 
 class _Strict(BaseModel):
@@ -273,18 +275,12 @@ class _Metrics(_Open):
     startup_s: Annotated[Finite, Field(ge=0, le=86400)] | None = None
 
 
-class _Params(_Open):
-    # emitters count GPUs from these (GPUs reserved in Compose and Kubernetes)
-    tensor_parallel_size: Size | None = None
-    pipeline_parallel_size: Size | None = None
-    data_parallel_size: Size | None = None
-
-
-def _param_keys(v: dict[str, Any]) -> None:
+def _param_keys(v: dict[str, Any]) -> dict[str, Any]:
     for k in v:
         if not _PARAM_KEY.fullmatch(k):
             raise _fail(("(a key)",), "engine parameter names are letters, digits, "
                         "'_', '.' or '-'")
+    return v
 
 
 class Profile(_Strict):
@@ -294,7 +290,7 @@ class Profile(_Strict):
     qtune_version: str
     engine: EngineInfo
     model: Annotated[dict[str, Any], _schema(_Model)]
-    params: Annotated[dict[str, Any], _schema(_Params, _param_keys)]
+    params: Annotated[dict[str, Any], AfterValidator(_param_keys)]
     env: dict[str, str]
     argv: list[str]
     metrics: Annotated[dict[str, Any], _schema(_Metrics)]
@@ -347,6 +343,24 @@ class Profile(_Strict):
                         f"write the flag in full ({_show(full)}): the engine reads a "
                         "prefix as the whole flag, qtune's checks do not")
         return v
+
+    @model_validator(mode="after")
+    def _rank_counts(self) -> Profile:
+        # The emitters count GPUs from the engine's rank counts (GPUs
+        # reserved in Compose and Kubernetes): whole numbers, whichever
+        # engine names them (vLLM's tensor_parallel_size, SGLang's tp_size,
+        # TGI's num_shard).
+        from qtune.engines import ENGINES
+
+        engine = ENGINES.get(self.engine.name)
+        for k in engine.rank_params if engine else ():
+            if (v := self.params.get(k)) is None:
+                continue
+            try:
+                _SIZE.validate_python(v)
+            except ValidationError as exc:
+                raise _fail(("params", k), exc.errors()[0]["msg"]) from None
+        return self
 
     @field_validator("env")
     @classmethod

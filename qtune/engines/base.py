@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -285,10 +286,15 @@ class Engine(abc.ABC):
         None, no prediction: every config is launched."""
         return None
 
+    # The parameters that count ranks (tensor, pipeline, data parallel): a
+    # config occupies their product of GPUs, and a profile holds whole
+    # numbers there (the deploy formats reserve GPUs from them).
+    rank_params: tuple[str, ...] = ()
+
     def gpus_used(self, params: Mapping[str, Any]) -> int:
-        """GPUs a config occupies (NUMA placement, deploy resources).
-        Default: 1."""
-        return 1
+        """GPUs a config occupies (NUMA placement, deploy resources): the
+        product of its rank counts, 1 without any."""
+        return math.prod(int(params.get(k, 1)) for k in self.rank_params)
 
     def metric_names(self) -> MetricNames | None:
         """The names of the engine's Prometheus metrics (``/metrics``).

@@ -282,9 +282,7 @@ class SGLang(Engine):
             out.append(p)
         return out, fixed, notes
 
-    def gpus_used(self, params: Mapping[str, Any]) -> int:
-        return (int(params.get("tp_size", 1)) * int(params.get("pp_size", 1))
-                * int(params.get("dp_size", 1)))
+    rank_params = ("tp_size", "pp_size", "dp_size")
 
     def check(self, params: Mapping[str, Any], ctx: SpaceContext) -> list[str]:
         out = []

@@ -239,8 +239,7 @@ class TGI(Engine):
             return {"num_shard": n}, f"TGI's default shards over all {n} GPUs"
         return {}, None
 
-    def gpus_used(self, params: Mapping[str, Any]) -> int:
-        return int(params.get("num_shard", 1))
+    rank_params = ("num_shard",)
 
     def check(self, params: Mapping[str, Any], ctx: SpaceContext) -> list[str]:
         out = []

@@ -629,13 +629,11 @@ class VLLM(Engine):
             out["compilation_config"] = json.dumps(user, separators=(",", ":"))
         return out
 
-    def gpus_used(self, params: Mapping[str, Any]) -> int:
-        """GPUs a config occupies: tensor x pipeline ranks per replica, x
-        data-parallel replicas.  Pipeline parallelism is never searched, but a
-        user may fix it (``--set pipeline_parallel_size=2``)."""
-        return (int(params.get("tensor_parallel_size", 1))
-                * int(params.get("pipeline_parallel_size", 1))
-                * int(params.get("data_parallel_size", 1)))
+    # tensor x pipeline ranks per replica, x data-parallel replicas; pipeline
+    # parallelism is never searched, but a user may fix it
+    # (``--set pipeline_parallel_size=2``)
+    rank_params = ("tensor_parallel_size", "pipeline_parallel_size",
+                   "data_parallel_size")
 
     @staticmethod
     def dp_sizes(ctx: SpaceContext) -> list[int]:

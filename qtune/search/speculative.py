@@ -15,7 +15,6 @@ with real weights: random weights make the acceptance rate meaningless.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,12 +42,16 @@ def spec_view(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return view if isinstance(view, dict) else None
 
 
-def describe(params: Mapping[str, Any]) -> str:
-    """A candidate's speculative config in one line."""
-    spec = params.get("speculative_config")
-    if not isinstance(spec, Mapping):
-        return json.dumps(dict(params), sort_keys=True)
-    return " ".join(f"{k}={v}" for k, v in spec.items())
+def describe(added: Mapping[str, Any]) -> str:
+    """A candidate in one line: what it adds to the base config, a nested
+    setting's fields spelled out (``method=ngram num_speculative_tokens=3``)."""
+    return " ".join(f"{k}={v}" for key, val in added.items()
+                    for k, v in (val.items() if isinstance(val, Mapping)
+                                 else [(key, val)]))
+
+
+def _added(params: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if base.get(k) != v}
 
 
 def decide(base: list[float], spec: list[float], maximize: bool,
@@ -129,7 +132,8 @@ def speculative_phase(prep: Prepared, study: optuna.Study, reporter: Reporter,
     maximize = prep.direction == "maximize"
     out: dict[str, Any] = {
         "searched": True, "base_trial": base.number, "notes": notes,
-        "candidates": [{"trial": r.number, "config": describe(r.params),
+        "candidates": [{"trial": r.number,
+                        "config": describe(_added(r.params, base.params)),
                         "status": str(r.status), "reason": r.reason, "value": r.value,
                         "feasible": r.feasible, "spec_decode": spec_view(r.summary)}
                        for r in ran]}

@@ -58,6 +58,14 @@ def env_key(key: str) -> Callable[[dict[str, Any]], None]:
     return at("env", {"HF_HUB_OFFLINE": "1", key: "1"})
 
 
+def on(engine: str, path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    """``at`` on a profile of ``engine``: its own rank counts are checked."""
+    def mutate(d: dict[str, Any]) -> None:
+        d["engine"]["name"] = engine
+        at(path, value)(d)
+    return mutate
+
+
 def placed(**kw: Any) -> Callable[[dict[str, Any]], None]:
     return at("placement", {"numa_node": 0, "cpus": "0-1", "why": "test"} | kw)
 
@@ -139,6 +147,11 @@ REFUSED: list[tuple[str, str, Callable[[dict[str, Any]], None], str, str | None]
     ("cpus-missing", "systemd", placed(cpus=None), "placement.cpus", None),
     ("tp-fast", "kubernetes", at("params.tensor_parallel_size", "fast"),
      "params.tensor_parallel_size", None),
+    # every engine's rank counts, not only vLLM's (the emitters multiply them)
+    ("sglang-tp-fast", "compose", on("sglang", "params.tp_size", "fast"),
+     "params.tp_size", None),
+    ("tgi-shards-zero", "kubernetes", on("tgi", "params.num_shard", 0),
+     "params.num_shard", None),
     ("model-id-number", "systemd", at("model.id", 5), "model.id", None),
     ("engine-version-dollar", "compose", at("engine.version", "0.32.0$X"),
      "engine.version", None),
