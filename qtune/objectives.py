@@ -59,6 +59,14 @@ class Objective:
         return (self.run_metric,)
 
     @property
+    def study_values(self) -> list[str]:
+        """What the study's values are, in order (Optuna's metric names,
+        which optuna-dashboard labels its axes with)."""
+        if self.is_pareto:
+            return ["throughput", self.run_metric]
+        return [self.name]
+
+    @property
     def confirmed_metric(self) -> str | None:
         """The metric the confirmation's medians are in (the study's value):
         the run metric, except capacity (a load, not a run's metric)."""

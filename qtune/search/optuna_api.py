@@ -55,3 +55,14 @@ def grpc_server(storage: BaseStorage, host: str, port: int, threads: int) -> Any
     from optuna.storages._grpc.server import make_server
 
     return make_server(storage, host, port, ThreadPoolExecutor(max_workers=threads))
+
+
+def name_values(study: optuna.Study, names: list[str]) -> None:
+    """Label the study's values (optuna-dashboard's axes, ``trials_dataframe``'s
+    columns): ``set_metric_names`` is public but marked experimental since
+    3.2, and its warning would reach the user's terminal at every run."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(names)

@@ -267,6 +267,7 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             study.tell(t.number, state=TrialState.FAIL)
     study.set_user_attr(StudyAttr.OBJECTIVE, cfg.objective)
+    optuna_api.name_values(study, get_objective(cfg.objective).study_values)
     study.set_user_attr(StudyAttr.WORKLOAD, cfg.workload.to_dict())
     study.set_user_attr(StudyAttr.LEVELS, list(cfg.levels))
     study.set_user_attr(StudyAttr.EXACT, cfg.exact)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 
 from qtune.engines import ENGINES
@@ -118,6 +119,9 @@ def test_sqlite_storage_and_resume(fake, tmp_path):
     assert res.storage.startswith("sqlite:///") and res.trials[0].baseline
     res2 = tune(dataclasses.replace(cfg, trials=3))
     assert len([t for t in res2.trials if t.status != "invalid"]) == 3
+    # the study's value is named (optuna-dashboard's axis, trials_dataframe)
+    study = optuna.load_study(study_name="sql", storage=cfg.storage)
+    assert study.metric_names == [cfg.objective]
 
 
 def test_tpe_starts_from_a_latin_hypercube(fake):
@@ -162,6 +166,10 @@ def test_pareto_front_and_pick(fake, tmp_path):
     assert res.best.number in front
     for p in res.pareto_front:
         assert p["throughput"] > 0 and p["e2e_p50"] > 0
+    from qtune.search import open_storage
+
+    study = optuna.load_study(study_name="pareto", storage=open_storage(res.storage))
+    assert study.metric_names == ["throughput", "e2e_p50"]
     # No point of the front is beaten on both axes by a measured trial.
     for t in res.trials:
         if t.values and t.feasible:
