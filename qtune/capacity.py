@@ -52,6 +52,7 @@ from qtune.bench import KEY_METRICS, BenchConfig, endpoint_header, falls_behind,
 from qtune.errors import InputError
 from qtune.metrics import certain_failure, metric_value, slo_bounds
 from qtune.objectives import SLO
+from qtune.options import DEFAULT_TOLERANCE
 from qtune.seeds import Phase
 
 Progress = Callable[[str], None]
@@ -60,8 +61,6 @@ Progress = Callable[[str], None]
 # median of the first probe): long enough for a 10% overload's backlog to
 # add a third to what the server holds.
 WINDOW_SERVICE_TIMES = 10
-# The bracket is narrowed until (failed - held) / held is at most this.
-DEFAULT_TOLERANCE = 0.1
 # How far above a load that held the next probe goes, by the held probe's
 # headroom (its worst SLO percentile over its limit): far below the limits,
 # double; closer, half as far again; near them, a quarter.  A config that

@@ -21,6 +21,15 @@ from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from qtune import __version__
 from qtune.errors import QtuneError, mask_url, redact
+from qtune.options import (
+    CapacitySearch,
+    Confirmation,
+    Fleet,
+    OptionGroup,
+    QualityGate,
+    cli_fields,
+    cli_name,
+)
 
 if TYPE_CHECKING:
     from qtune.load.workload import Workload
@@ -97,8 +106,8 @@ def _shown_default(param: TyperOption, default: Any) -> str | None:
 
 
 # Help panels, by parameter name (``_COMMAND_PANELS``: a command's own
-# meaning of a shared name).  The groups issue 30 item 5 will make config
-# objects: engine, workload, search, confirmation, quality, fleet, output.
+# meaning of a shared name).  The option groups of qtune.search.options
+# (confirmation, capacity, quality, fleet) carry their own panel.
 _PANEL_NAMES: dict[str, tuple[str, ...]] = {
     "Engine": ("model", "engine", "engine_python", "max_model_len", "startup_timeout"),
     "Workload": ("rate", "concurrency", "input_len", "output_len", "requests", "duration",
@@ -106,11 +115,9 @@ _PANEL_NAMES: dict[str, tuple[str, ...]] = {
                  "prefix_len", "endpoint", "request_timeout", "stall_timeout",
                  "workload"),
     "Search": ("trials", "objective", "slo", "space", "sampler", "sampler_seed",
-               "time_budget", "no_memory_check", "prune_margin", "levels",
-               "capacity_tolerance", "capacity_window"),
-    "Confirmation": ("confirm_top", "confirm_repeats", "speculative", "pick"),
-    "Quality": ("exact", "lossy", "max_quality_loss"),
-    "Fleet": ("study", "storage", "gpus", "finish", "allow_mixed_hosts", "heartbeat"),
+               "time_budget", "no_memory_check", "prune_margin", "levels"),
+    "Confirmation": ("speculative", "pick"),
+    "Fleet": ("study", "storage"),
     "Output": ("out", "output", "force", "json_out", "csv", "html", "parquet", "capture",
                "help"),
 }
@@ -334,6 +341,8 @@ class LoadOptions:
 
 
 _NOT_GIVEN = LoadOptions()
+# The option groups' defaults (with_option_groups puts their options in place)
+_CONFIRM, _CAPACITY, _QUALITY, _FLEET = Confirmation(), CapacitySearch(), QualityGate(), Fleet()
 
 
 _C = TypeVar("_C", bound=Callable[..., Any])
@@ -358,6 +367,52 @@ def with_load_options(command: _C) -> _C:
     # given; without __wrapped__, both are run's own.
     del run.__wrapped__
     new = sig.replace(parameters=[*params[:at], *shared, *params[at + 1:]])
+    run.__signature__ = new  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in new.parameters.values()}
+    return cast(_C, run)
+
+
+def with_option_groups(command: _C) -> _C:
+    """Each parameter of ``command`` typed as an option group (``qtune.search.
+    options``) becomes the group's options, in its help panel; the command
+    gets the group built from them (``from_cli``: None, not given, keeps the
+    field's default).  A new option is a field of its group, nothing here."""
+    import typing
+
+
+    sig = inspect.signature(command, eval_str=True)
+    groups: dict[str, type[OptionGroup]] = {}
+    names: dict[str, list[tuple[str, str]]] = {}
+    params: list[inspect.Parameter] = []
+    for p in sig.parameters.values():
+        kind = p.annotation
+        if not (isinstance(kind, type) and issubclass(kind, OptionGroup)):
+            params.append(p)
+            continue
+        groups[p.name] = kind
+        hints = typing.get_type_hints(kind)
+        for f in cli_fields(kind):
+            md, name = f.metadata, cli_name(f)
+            names.setdefault(p.name, []).append((name, f.name))
+            typ = hints[f.name]
+            if md["cli_default"] is None:
+                typ = typ | None
+            opt = typer.Option(md["flag"], help=md["help"], min=md["min"], max=md["max"],
+                               rich_help_panel=kind.panel)
+            params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                                            default=md["cli_default"],
+                                            annotation=Annotated[typ, opt]))
+
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> Any:
+        for group, pairs in names.items():
+            kwargs[group] = groups[group].from_cli(
+                {field: kwargs.pop(cli) for cli, field in pairs})
+        return command(**kwargs)
+
+    del run.__wrapped__  # Typer reads run's own signature, set here
+    ordered = sorted(params, key=lambda p: p.kind)  # keyword-only after the rest
+    new = sig.replace(parameters=ordered)
     run.__signature__ = new  # type: ignore[attr-defined]
     run.__annotations__ = {p.name: p.annotation for p in new.parameters.values()}
     return cast(_C, run)
@@ -406,6 +461,7 @@ class _Command(_Help):
 
 @app.command(cls=_Command)
 @with_load_options
+@with_option_groups
 def search(
     model: Annotated[
         str | None,
@@ -453,19 +509,6 @@ def search(
         "(by default they are skipped: recorded, not launched).")] = False,
     memory_check_on: Annotated[bool, typer.Option(  # the default, kept for old scripts
         "--memory-check", hidden=True)] = False,
-    confirm_top: Annotated[int | None, typer.Option(
-        min=0, help="After the search, re-measure this many best configs and the engine "
-        "defaults on fresh starts, 0: off (default: 3, or with --time-budget as many "
-        "as fit in 30% of it).")] = None,
-    confirm_repeats: Annotated[int | None, typer.Option(
-        min=1, help="Fresh starts per confirmed config, interleaved (default: 2, or "
-        "with --time-budget as many as fit).")] = None,
-    capacity_tolerance: Annotated[float, typer.Option(
-        help="--objective capacity: narrow each capacity's bracket [held, failed) to "
-        "this fraction of it.")] = 0.1,
-    capacity_window: Annotated[float, typer.Option(
-        help="--objective capacity: shortest arrival window of a probe, in seconds "
-        "(each also runs at least 10 service times).")] = 20.0,
     pick: Annotated[int | None, typer.Option(
         help="Write the profile of this trial (e.g. a point of the Pareto front) "
         "instead of the best; with --study, of a finished study.")] = None,
@@ -476,44 +519,18 @@ def search(
     sampler_seed: Annotated[int | None, typer.Option(
         help="Seed of the sampler alone (default: --seed), to vary the search "
         "over the same workload.")] = None,
-    exact: Annotated[bool, typer.Option(
-        "--exact",
-        help="Keep the model's numerics: leave fp8 KV cache and fp8 weights "
-        "out of the space.")] = False,
-    lossy: Annotated[bool, typer.Option(
-        "--lossy",
-        help="Search fp8 KV cache and fp8 weights even where their answer quality "
-        "cannot be measured (random weights); the profile and every emitted file then "
-        "say so. Without it they are searched only where the quality gate runs.")
-    ] = False,
-    max_quality_loss: Annotated[float, typer.Option(
-        min=0.0,
-        help="With real weights: a config whose perplexity on qtune's evaluation text "
-        "rises more than this fraction over the engine defaults' is infeasible "
-        "(0.01: +1%).")] = 0.01,
     prune_margin: Annotated[float, typer.Option(
         min=0.0, max=1.0,
         help="Stop a trial's measurement only once it is sure to miss the best so "
         "far by this fraction (0: exact). The best so far is one noisy run.")] = 0.1,
-    gpus: Annotated[str | None, typer.Option(
-        help="This worker's GPUs: indices (0,1; one index: 1,) or a count of "
-        "GPUs no other qtune on this host holds. Its servers see only these.")] = None,
-    finish: Annotated[bool, typer.Option(
-        "--finish",
-        help="With --study: only confirm the top configs and write the profile "
-        "of a study that workers ran (the last worker does it itself).")] = False,
-    allow_mixed_hosts: Annotated[bool, typer.Option(
-        "--allow-mixed-hosts",
-        help="Let this worker join a study measured on other GPUs or another "
-        "engine version.")] = False,
-    heartbeat: Annotated[int, typer.Option(
-        min=1, help="On a database server storage (a fleet of workers): seconds "
-        "between a running trial's heartbeats; a trial 5 beats late is failed "
-        "and re-queued.")] = 60,
     speculative: Annotated[str, typer.Option(
         help="auto: after the search, try the engine's speculative decoding on the "
         "best config (real weights only) and keep it if it wins beyond the noise in "
         "interleaved repeats; off: never.")] = "auto",
+    confirm: Confirmation = _CONFIRM,  # with_option_groups: their options
+    capacity: CapacitySearch = _CAPACITY,
+    quality: QualityGate = _QUALITY,
+    fleet: Fleet = _FLEET,
     force: Force = False,
     json_out: JsonOut = False,
 ) -> None:
@@ -530,16 +547,10 @@ def search(
                      startup_timeout=startup_timeout,
                      seed=wl.seed if sampler_seed is None else sampler_seed, sampler=sampler,
                      time_budget=time_budget * 60 if time_budget else None,
-                     memory_check=not no_memory_check,
-                     confirm_top=3 if confirm_top is None else confirm_top,
-                     confirm_repeats=2 if confirm_repeats is None else confirm_repeats,
-                     confirm_fixed=confirm_top is not None or confirm_repeats is not None,
-                     capacity_tolerance=capacity_tolerance,
-                     capacity_window=capacity_window, pick=pick, exact=exact, lossy=lossy,
+                     memory_check=not no_memory_check, pick=pick,
                      levels=parse_levels(levels), prune_margin=prune_margin,
-                     force=force, max_quality_loss=max_quality_loss, gpus=gpus,
-                     finish=finish, allow_mixed_hosts=allow_mixed_hosts,
-                     heartbeat_s=heartbeat, speculative=speculative)
+                     force=force, speculative=speculative, confirm=confirm,
+                     capacity=capacity, quality=quality, fleet=fleet)
     prep = prepare(cfg)
     with console.SearchReporter(objective) as rep:
         res = run_study(prep, rep)

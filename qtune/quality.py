@@ -40,13 +40,6 @@ from qtune.engines.base import Engine
 
 DATA = Path(__file__).parent / "data" / "quality.json"
 GREEDY_TOKENS = 32
-# Measured on the 2-core CPU target with SmolLM2-135M (README, "Answer
-# quality"): a restart of the defaults and max_num_seqs 8 gave the defaults'
-# log-probabilities bit for bit (loss 0.0, 16/16 greedy outputs); an fp8 KV
-# cache (e4m3) +1.51%, 0.15 nats per token, 1/16 greedy outputs the same.
-# 1% lets every lossless config through and refuses that one; a model whose
-# fp8 KV cache costs it less passes.
-DEFAULT_MAX_LOSS = 0.01
 # Stored per-token figures are rounded: 4 decimals is 1e-4 nats, far below
 # any loss worth gating, and keeps a reference sample near 20 KB.
 _DECIMALS = 4

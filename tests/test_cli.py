@@ -167,11 +167,10 @@ def test_command_defaults_are_the_librarys():
     from qtune.bench import BenchConfig
     from qtune.search.config import TuneConfig
 
-    # Not compared: the workload options (None: Workload's default, see below),
-    # --levels, a text that parse_levels reads, and the confirmation's size
-    # (None: TuneConfig's 3 and 2, or sized to --time-budget; confirm_fixed
-    # says they were given).
-    skip = {*WORKLOAD_OPTIONS, "levels", "confirm_top", "confirm_repeats"}
+    # Not compared: the workload options (None: Workload's default, see below)
+    # and --levels, a text that parse_levels reads.  The option groups'
+    # options take their defaults from their fields (qtune.options).
+    skip = {*WORKLOAD_OPTIONS, "levels"}
     for command, cls in (("search", TuneConfig), ("bench", BenchConfig)):
         fields = {f.name: f.default for f in dataclasses.fields(cls)
                   if f.default is not dataclasses.MISSING and f.name not in skip}

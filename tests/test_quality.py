@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qtune.engines.vllm import VLLM
+from qtune.options import DEFAULT_MAX_LOSS, Confirmation, QualityGate
 from qtune.quality import (
-    DEFAULT_MAX_LOSS,
     Quality,
     Sample,
     compare,
@@ -227,7 +227,7 @@ def lossy_study(monkeypatch, cpu_host, tmp_path):
         workload=Workload(input_len=8, output_len=4, concurrency=2, requests=6,
                           warmup_requests=1),
         studies_dir=tmp_path / "studies", profiles_dir=tmp_path / "profiles",
-        study="q", confirm_top=0, startup_timeout=60)
+        study="q", confirm=Confirmation(top=0), startup_timeout=60)
 
 
 def test_a_study_refuses_a_config_whose_quality_drops_beyond_the_threshold(
@@ -285,7 +285,8 @@ def test_a_larger_threshold_lets_the_lossy_config_through(lossy_study, monkeypat
     from tests.fakes.sampler import script_random_sampler
 
     script_random_sampler(monkeypatch, [{"lossy": True}, {"lossy": False}])
-    res = tune(dataclasses.replace(lossy_study, max_quality_loss=0.06, trials=2))
+    res = tune(dataclasses.replace(lossy_study, trials=2,
+                                   quality=QualityGate(max_loss=0.06)))
     lossy = res.trials[1]
     assert lossy.feasible and lossy.reason is None
 

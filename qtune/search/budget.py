@@ -157,7 +157,7 @@ def plan_confirmation(cfg: TuneConfig, study: optuna.Study, direction: str,
     next trial joined it.  It is sized for the next trial joining it (so a
     winner found late is confirmed as planned); its seconds are for the
     configs it holds now, or with the next one when ``trying``."""
-    if cfg.confirm_top <= 0 or cfg.confirm_repeats <= 0 or cfg.pick is not None \
+    if cfg.confirm.top <= 0 or cfg.confirm.repeats <= 0 or cfg.pick is not None \
             or direction == "pareto":
         return ConfirmationPlan(0, 0, 0.0, "off")
     c = costs(study)
@@ -171,14 +171,14 @@ def plan_confirmation(cfg: TuneConfig, study: optuna.Study, direction: str,
         now, joined = size(k)
         return ConfirmationPlan(k, r, seconds(joined if trying else now, r), why)
 
-    top = cfg.confirm_top
-    if cfg.time_budget is None or cfg.confirm_fixed:
-        return plan(top, cfg.confirm_repeats)
+    top = cfg.confirm.top
+    if cfg.time_budget is None or cfg.confirm.fixed:
+        return plan(top, cfg.confirm.repeats)
     share = CONFIRM_SHARE * cfg.time_budget
-    for k, r in ((top, cfg.confirm_repeats), (1, cfg.confirm_repeats), (1, 1)):
+    for k, r in ((top, cfg.confirm.repeats), (1, cfg.confirm.repeats), (1, 1)):
         k = min(k, top)
         if seconds(size(k)[1], r) <= share or (k, r) == (1, 1):
-            if (k, r) != (top, cfg.confirm_repeats):
+            if (k, r) != (top, cfg.confirm.repeats):
                 joined = seconds(size(k)[1], r)
                 return plan(k, r, f"sized to the time budget: the best {k} and the engine "
                             f"defaults, {r} fresh start{'s' if r > 1 else ''} each "

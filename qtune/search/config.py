@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qtune.capacity import DEFAULT_TOLERANCE
 from qtune.engines.base import Param
 from qtune.errors import InputError, StudyError, printable
 from qtune.load.workload import Workload
 from qtune.objectives import SLO
-from qtune.quality import DEFAULT_MAX_LOSS
+from qtune.options import CapacitySearch, Confirmation, Fleet, QualityGate
 from qtune.yamlfile import read_mapping
 
 
@@ -200,17 +199,10 @@ class TuneConfig:
     seed: int = 0
     sampler: str = "tpe"
     memory_check: bool = True  # skip configs predicted not to fit
-    confirm_top: int = 3  # re-measure this many best configs after the budget
-    confirm_repeats: int = 2  # fresh starts each (plus the trial itself)
-    # The two above were given (not defaults): with --time-budget they are
-    # kept and the search stops earlier; else qtune sizes them to the budget.
-    confirm_fixed: bool = False
+    confirm: Confirmation = field(default_factory=Confirmation)
     time_budget: float | None = None  # seconds for the whole study
     pick: int | None = None  # write this trial's profile instead of the best
-    exact: bool = False  # no lossy options (fp8 KV / weights) in the space
-    # Search lossy options where their quality cannot be measured (random
-    # weights); without it they are searched only where it can (issue 27).
-    lossy: bool = False
+    quality: QualityGate = field(default_factory=QualityGate)
     # Prune only past best x (1 + margin): the best so far is a single run,
     # often a lucky one (on the 2-core VM, picks re-measured 6-45% above the
     # value their search saw), and a pruned trial keeps no value to confirm.
@@ -219,20 +211,8 @@ class TuneConfig:
     # config is measured at, on its one server; the workload is the highest.
     levels: tuple[float, ...] = ()
     force: bool = False  # replace a read-only --out
-    # A real-weights trial whose perplexity on the shipped text rises more
-    # than this over the engine defaults' is infeasible (qtune.quality).
-    max_quality_loss: float = DEFAULT_MAX_LOSS
-    # A fleet (several workers on one database server storage, search/fleet.py)
-    gpus: str | None = None  # --gpus: this worker's GPUs, "0,1" or a count
-    finish: bool = False  # --finish: only the confirmation and the profile
-    allow_mixed_hosts: bool = False  # trials from other GPUs / engine versions
-    heartbeat_s: int = 60  # seconds between a running trial's heartbeats
-    # --objective capacity: the bracket is narrowed until (failed - held) /
-    # held is at most this (qtune.capacity)
-    capacity_tolerance: float = DEFAULT_TOLERANCE
-    # Shortest arrival window of a capacity probe, in seconds (each also runs
-    # at least 10 service times, qtune.capacity.WINDOW_SERVICE_TIMES)
-    capacity_window: float = 20.0
+    fleet: Fleet = field(default_factory=Fleet)
+    capacity: CapacitySearch = field(default_factory=CapacitySearch)
     # auto: after the main search, try the engine's speculative decoding on
     # the best config (real weights only); off: never (qtune.search.speculative)
     speculative: str = "auto"
@@ -281,32 +261,20 @@ def check_config(cfg: TuneConfig) -> None:
     if cfg.max_model_len is not None and cfg.max_model_len < 1:
         raise InputError(f"--max-model-len {cfg.max_model_len}: must be at least 1",
                          hint="tokens of context, e.g. 4096")
-    if not (math.isfinite(cfg.max_quality_loss) and cfg.max_quality_loss >= 0):
-        raise InputError(f"--max-quality-loss {cfg.max_quality_loss}: must be a finite "
-                         "number, 0 or more",
-                         hint="a fraction of the perplexity, e.g. 0.01 for +1%")
+    for group in (cfg.confirm, cfg.quality, cfg.fleet, cfg.capacity):
+        group.check()
     if cfg.pick is not None and cfg.pick < 0:
         raise InputError(f"--pick {cfg.pick}: trial numbers start at 0",
                          hint="qtune report STUDY lists the trials")
-    if not (math.isfinite(cfg.capacity_tolerance) and 0.01 <= cfg.capacity_tolerance <= 1):
-        raise InputError(f"--capacity-tolerance {cfg.capacity_tolerance}: not between 0.01 "
-                         "and 1", hint="a fraction of the capacity, e.g. 0.1 for 10%")
-    if cfg.exact and cfg.lossy:
-        raise InputError("--exact and --lossy: choose one",
-                         hint="--exact keeps the model's numerics; --lossy searches fp8 "
-                         "even where its quality cannot be measured")
-    if not (math.isfinite(cfg.capacity_window) and 1 <= cfg.capacity_window <= 3600):
-        raise InputError(f"--capacity-window {cfg.capacity_window}: not between 1 and 3600",
-                         hint="seconds of arrivals a capacity probe holds, e.g. 20")
     if cfg.speculative not in ("auto", "off"):
         raise InputError(f"--speculative {cfg.speculative}: not a choice",
                          hint="auto (try it on the best config, real weights only) or off")
     if cfg.study is not None:
         check_study_name(cfg.study)
-    if cfg.finish and cfg.study is None:
+    if cfg.fleet.finish and cfg.study is None:
         raise InputError("--finish needs --study NAME",
                          hint="--finish confirms and writes the profile of a named study")
-    if cfg.finish and cfg.pick is not None:
+    if cfg.fleet.finish and cfg.pick is not None:
         raise InputError("--finish and --pick: choose one",
                          hint="--pick writes one trial's profile; --finish confirms the "
                          "top configs first")

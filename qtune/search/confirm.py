@@ -68,7 +68,7 @@ def confirmation(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Non
     enough for it, so it is never skipped for time; a Pareto front is not
     confirmed."""
     cfg = prep.cfg
-    if prep.direction == "pareto" and cfg.confirm_top > 0 and cfg.pick is None:
+    if prep.direction == "pareto" and cfg.confirm.top > 0 and cfg.pick is None:
         reporter.note("no top-K confirmation for a Pareto front: re-measure the point "
                       "you pick with qtune verify")
         return
@@ -91,8 +91,8 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
     re-measured alone.  The medians are of the fresh runs only (the
     search's run is kept in ``values``, not counted)."""
     cfg = prep.cfg
-    k = cfg.confirm_top if k is None else k
-    repeats = cfg.confirm_repeats if repeats is None else repeats
+    k = cfg.confirm.top if k is None else k
+    repeats = cfg.confirm.repeats if repeats is None else repeats
     recs = [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
     top = candidates(prep, recs, k)
     if not top:

@@ -147,14 +147,15 @@ def prepare(cfg: TuneConfig, *, host: HostFacts | None = None) -> Prepared:
     # --gpus: this worker's own GPUs (locked on the host), the only ones its
     # space is built for and its servers see.
     if host is None:
-        host = pin_gpus(probe(engine_python=cfg.engine_python), cfg.gpus)
+        host = pin_gpus(probe(engine_python=cfg.engine_python), cfg.fleet.gpus)
     study_name = cfg.study or _default_study_name(model, cfg, host)
     storage_url, study_dir = study_files(cfg, study_name)
     if cfg.pick is not None:
         if cfg.study is None:  # (a named study was checked above)
             check_pickable(cfg.pick, study_name, storage_url)
         # A re-pick launches nothing: the study's trials are all there is.
-        cfg = dataclasses.replace(cfg, trials=0, confirm_top=0)
+        cfg = dataclasses.replace(cfg, trials=0,
+                                  confirm=dataclasses.replace(cfg.confirm, top=0))
     install = host.engines.get(cfg.engine)
     if install is None and cfg.pick is not None:
         # A re-pick writes the profile of a trial that ran: the engine that
@@ -171,10 +172,10 @@ def prepare(cfg: TuneConfig, *, host: HostFacts | None = None) -> Prepared:
     if cfg.pick is None:
         engine_args = engine.read_args(install)
     exact, why = lossless(cfg, engine, model)
-    if exact != cfg.exact:
-        cfg = dataclasses.replace(cfg, exact=exact)
+    if exact != cfg.quality.exact:
+        cfg = dataclasses.replace(cfg, quality=dataclasses.replace(cfg.quality, exact=exact))
     ctx = SpaceContext(host, model, install, cfg.max_model_len, engine_args,
-                       exact=cfg.exact)
+                       exact=cfg.quality.exact)
     params = engine.space(ctx)
     if why is not None:
         # Said only where the space would have held a lossy option.
@@ -202,8 +203,8 @@ def lossless(cfg: TuneConfig, engine: Engine, model: ModelInfo) -> tuple[bool, s
     engine that answers log-probabilities), or with --lossy.  Issue 27: on
     one H200 the winner was fp8 weights on random weights, a quantization
     whose quality nobody had measured."""
-    if cfg.exact or cfg.lossy:
-        return cfg.exact, None
+    if cfg.quality.exact or cfg.quality.lossy:
+        return cfg.quality.exact, None
     if model.load_format == "dummy":
         return True, ("fp8 weights and KV cache left out: the model has random weights, "
                       "so their answer quality cannot be measured (--lossy searches "
@@ -248,7 +249,7 @@ def _prepare_engines(cfg: TuneConfig, names: list[str]) -> Prepared:
         raise InputError(f"{flag}: a Pareto search (--levels) runs one engine",
                          hint="use a single objective, e.g. --objective e2e_p99")
     check_config(cfg)
-    host = pin_gpus(probe(engine_python=cfg.engine_python), cfg.gpus)
+    host = pin_gpus(probe(engine_python=cfg.engine_python), cfg.fleet.gpus)
     # Every engine is installed, or none is asked anything (its arguments).
     for n in names:
         if host.engines.get(n) is None:

@@ -256,7 +256,7 @@ def standing_in(stand_in: StandIn) -> Iterator[StandIn]:
 # qtune's methods run qtune's search (runner.run_study) with only the
 # measurement replaced; "design" is TPE whose start design takes the whole
 # budget (what the design alone finds); "tpe+confirm" is the default search
-# as a user gets it (TuneConfig's confirm_top x confirm_repeats), the
+# as a user gets it (TuneConfig's confirm.top x confirm.repeats), the
 # confirmation's launches counted in the budget; "tpe+cKxR" is TPE with the
 # top K confirmed by R fresh starts each (the defaults with them).
 QTUNE_METHODS = ("tpe", "tpe+confirm", "gp", "random", "design")
@@ -274,7 +274,7 @@ def confirmation_of(method: str) -> tuple[int, int] | None:
     confirm; an unknown method is refused."""
     if method == "tpe+confirm":
         cfg = TuneConfig()
-        return cfg.confirm_top, cfg.confirm_repeats
+        return cfg.confirm.top, cfg.confirm.repeats
     if (m := _CONFIRM_RE.fullmatch(method)) and int(m[1]) > 0 and int(m[2]) > 0:
         return int(m[1]), int(m[2])
     if method in METHODS:
@@ -364,7 +364,7 @@ def replay_search(prep: Any, table: Table, method: str, budget: int, seed: int,
     cfg = dataclasses.replace(
         prep.cfg, seed=seed, trials=trials, time_budget=None,
         sampler="tpe" if confirm or method == "design" else method,
-        confirm_top=top, confirm_repeats=repeats)
+        confirm=dataclasses.replace(prep.cfg.confirm, top=top, repeats=repeats))
     name = f"{method.replace('+', '-')}-b{budget}-s{seed}"
     run_prep = dataclasses.replace(prep, cfg=cfg, study_name=name,
                                    storage_url=f"journal://{work / (name + '.log')}",

@@ -473,7 +473,7 @@ def build_profile(
         if baseline else None
     if base_note:
         notes.append(base_note)
-    quality = _quality_view(best, cfg.max_quality_loss)
+    quality = _quality_view(best, cfg.quality.max_loss)
     if quality is not None and not quality["measured"]:
         notes.append(f"answer quality {quality['text']}")
     phase = study.user_attrs.get(StudyAttr.SPECULATIVE)

@@ -92,12 +92,12 @@ def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
         # --pick: the profile of one trial of the study as it is; nothing
         # runs and nothing is written to the study (its storage is read-only).
         return finish(_shape(prep, study, reporter), study)
-    if cfg.finish:
+    if cfg.fleet.finish:
         # --finish: the confirmation and the profile of the study as it is.
         prep = _shape(prep, study, reporter)
     elif not opener and study.user_attrs.get(fleet.FleetAttr.READY) is None:
         opener = _wait_for_opening(prep, study, reporter)
-    if opener and not cfg.finish:
+    if opener and not cfg.fleet.finish:
         # --engine a,b: each engine's defaults, in the order named.
         for sub in _each_engine(prep):
             engine = _engine_attr(prep, sub)
@@ -117,15 +117,15 @@ def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
             start_design(prep, study, reporter)
         if is_fleet:
             study.set_user_attr(fleet.FleetAttr.READY, fleet.worker_id())
-    elif not cfg.finish:
+    elif not cfg.fleet.finish:
         # A worker that joins: the space as the opener shaped it.
         prep = _shape(prep, study, reporter)
         study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
-    if not stop_reason and not cfg.finish:
+    if not stop_reason and not cfg.fleet.finish:
         stop_reason = _sampling_loop(prep, study, reporter, started)
     if stop_reason:
         reporter.note(f"stopped before --trials: {stop_reason}")
-    if is_fleet and not cfg.finish and cfg.pick is None and \
+    if is_fleet and not cfg.fleet.finish and cfg.pick is None and \
             not _claim_finish(prep, study, reporter):
         res = _worker_result(prep, study)
         res.stop_reason = stop_reason
@@ -157,10 +157,10 @@ def _wait_for_opening(prep: Prepared, study: optuna.Study, reporter: Reporter) -
     worker takes the opening over; returns whether this one did."""
     reporter.note("waiting for the study's opening (engine defaults, start design) "
                   "by the worker that created it")
-    grace = prep.cfg.heartbeat_s * fleet.GRACE_BEATS
+    grace = prep.cfg.fleet.heartbeat_s * fleet.GRACE_BEATS
     idle_since = time.monotonic()
     while study.user_attrs.get(fleet.FleetAttr.READY) is None:
-        fleet.reclaim(study, prep.cfg.heartbeat_s)
+        fleet.reclaim(study, prep.cfg.fleet.heartbeat_s)
         if fleet.running(study):
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since > grace and \
@@ -168,7 +168,7 @@ def _wait_for_opening(prep: Prepared, study: optuna.Study, reporter: Reporter) -
             reporter.note("the worker that opened the study is gone: this one "
                           "completes the opening")
             return True
-        time.sleep(min(5.0, prep.cfg.heartbeat_s / 2))
+        time.sleep(min(5.0, prep.cfg.fleet.heartbeat_s / 2))
     return False
 
 
@@ -176,10 +176,10 @@ def _claim_finish(prep: Prepared, study: optuna.Study, reporter: Reporter) -> bo
     """Whether this worker runs the confirmation and writes the profile:
     once every running trial has ended, the first to claim it."""
     while fleet.running(study):
-        fleet.reclaim(study, prep.cfg.heartbeat_s)
+        fleet.reclaim(study, prep.cfg.fleet.heartbeat_s)
         if not fleet.running(study):
             break
-        time.sleep(min(5.0, prep.cfg.heartbeat_s / 2))
+        time.sleep(min(5.0, prep.cfg.fleet.heartbeat_s / 2))
     if fleet.claim(study, f"finish-{launched_count(study)}"):
         return True
     reporter.note("another worker confirms the top configs and writes the profile "
@@ -219,14 +219,14 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
         return study, False
     is_fleet = fleet.is_fleet(prep.storage_url)
     storage = open_storage(prep.storage_url,
-                           heartbeat_s=cfg.heartbeat_s if is_fleet else None)
+                           heartbeat_s=cfg.fleet.heartbeat_s if is_fleet else None)
     # pareto: maximise throughput, minimise the latency percentile.
     dirs = ({"directions": ["maximize", "minimize"]} if prep.direction == "pareto"
             else {"direction": prep.direction})
     sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
-    opener = not cfg.finish
+    opener = not cfg.fleet.finish
     try:
-        if cfg.finish:
+        if cfg.fleet.finish:
             study = optuna.load_study(study_name=prep.study_name, storage=storage,
                                       sampler=sampler)
         else:
@@ -257,10 +257,10 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
     _check_resume(study, prep)
     if cfg.pick is None:  # a re-pick measures nothing: any host may write it
         fleet.check_hosts(study, fleet.host_facts(prep.host, prep.ctx.install),
-                          cfg.allow_mixed_hosts, prep.study_name)
+                          cfg.fleet.allow_mixed_hosts, prep.study_name)
     if is_fleet:
         # Other workers' trials are RUNNING too: only the stale ones fail.
-        fleet.reclaim(study, cfg.heartbeat_s)
+        fleet.reclaim(study, cfg.fleet.heartbeat_s)
     else:
         # Journal storage has no heartbeat: trials left RUNNING by a killed
         # qtune would bias the constant-liar sampler forever.  Fail them on resume.
@@ -270,8 +270,8 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
     optuna_api.name_values(study, get_objective(cfg.objective).study_values)
     study.set_user_attr(StudyAttr.WORKLOAD, cfg.workload.to_dict())
     study.set_user_attr(StudyAttr.LEVELS, list(cfg.levels))
-    study.set_user_attr(StudyAttr.EXACT, cfg.exact)
-    study.set_user_attr(StudyAttr.MAX_QUALITY_LOSS, cfg.max_quality_loss)
+    study.set_user_attr(StudyAttr.EXACT, cfg.quality.exact)
+    study.set_user_attr(StudyAttr.MAX_QUALITY_LOSS, cfg.quality.max_loss)
     study.set_user_attr(StudyAttr.MODEL, prep.ctx.model.summary())
     study.set_user_attr(StudyAttr.OPTUNA_VERSION, optuna.__version__)
     # What --pick needs to write a profile where the engine is not installed.
@@ -394,11 +394,11 @@ def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
             stop_reason = "every grid point has been tried"
             break
         if is_fleet:
-            fleet.reclaim(study, cfg.heartbeat_s)
+            fleet.reclaim(study, cfg.fleet.heartbeat_s)
             if launched_count(study) + fleet.running(study) >= cfg.trials:
                 # The budget is taken by other workers' running trials: wait
                 # for them (one may die, and its trial come back queued).
-                time.sleep(min(5.0, cfg.heartbeat_s / 2))
+                time.sleep(min(5.0, cfg.fleet.heartbeat_s / 2))
                 continue
         trial = study.ask(dists)
         sub, values = prep, trial.params
@@ -446,10 +446,10 @@ def _beating(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
         return
     # The first beat before anything else: the window in which a killed
     # worker leaves a trial never beaten (fleet.reclaim fails it) stays short.
-    with fleet.beating(study, trial, prep.cfg.heartbeat_s):
+    with fleet.beating(study, trial, prep.cfg.fleet.heartbeat_s):
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
-        note = fleet.note_retry(study, trial, prep.cfg.heartbeat_s * fleet.GRACE_BEATS)
+        note = fleet.note_retry(study, trial, prep.cfg.fleet.heartbeat_s * fleet.GRACE_BEATS)
         if note:
             reporter.note(f"trial {trial.number} {note}")
         yield
@@ -592,7 +592,7 @@ def _check_resume(study: optuna.Study, prep: Prepared) -> None:
             f"study {prep.study_name} was run with another workload",
             hint="use a new --study NAME, or the same load flags as before",
         )
-    for key, now in (("levels", list(prep.cfg.levels)), ("exact", prep.cfg.exact)):
+    for key, now in (("levels", list(prep.cfg.levels)), ("exact", prep.cfg.quality.exact)):
         before = study.user_attrs.get(key)
         if before is not None and before != now:
             raise StudyError(

@@ -111,7 +111,7 @@ def speculative_phase(prep: Prepared, study: optuna.Study, reporter: Reporter,
         record({"searched": False, "why": "no method of the engine can run here",
                 "notes": notes})
         return
-    repeats = max(3, cfg.confirm_repeats + 1)
+    repeats = max(3, cfg.confirm.repeats + 1)
     need = (len(candidates) + 2 * repeats) * typical_s
     if budget_left is not None and need > budget_left:
         # Not recorded: a resumed study with more time may still run it.

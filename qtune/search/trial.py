@@ -186,8 +186,8 @@ def _run_trial_inner(
     q = quality[0] if quality else None
     if q is not None:
         rec.quality = q.to_dict()
-        if violation(q, cfg.max_quality_loss) > 0:
-            rec.reason, rec.detail = "quality_loss", quality_reason(q, cfg.max_quality_loss)
+        if violation(q, cfg.quality.max_loss) > 0:
+            rec.reason, rec.detail = "quality_loss", quality_reason(q, cfg.quality.max_loss)
     for name, v in _constraints(cfg, summary, rec.quality).items():
         trial.set_constraint(name, v)
     write_record(trial, rec)
@@ -217,10 +217,10 @@ def capacity_plan(prep: Prepared, best: TrialRecord | None,
     start = float(wl.rate if wl.rate is not None else (wl.concurrency or 1))
     cap = ((best.summary or {}).get("capacity") or {}) if best is not None else {}
     if no_floor or best is None or not cap.get("found") or best.value is None:
-        plan = CapacityPlan(start=start, tolerance=cfg.capacity_tolerance)
+        plan = CapacityPlan(start=start, tolerance=cfg.capacity.tolerance)
     else:
         plan = CapacityPlan(start=start, floor=float(best.value), window_s=cap.get("window_s"),
-                            tolerance=cfg.capacity_tolerance, floor_of=f"trial {best.number}")
+                            tolerance=cfg.capacity.tolerance, floor_of=f"trial {best.number}")
     if budget is None:
         return plan
     return dataclasses.replace(plan, deadline=budget.deadline,
@@ -275,8 +275,8 @@ def _constraints(cfg: TuneConfig, summary: dict[str, Any],
     changes numerics could not be)."""
     out = {"failed_requests": float(summary["failed"])}
     q = Quality.from_dict(quality)
-    if q is not None and (q.measured or violation(q, cfg.max_quality_loss) > 0):
-        out["quality_loss"] = violation(q, cfg.max_quality_loss)
+    if q is not None and (q.measured or violation(q, cfg.quality.max_loss) > 0):
+        out["quality_loss"] = violation(q, cfg.quality.max_loss)
     if summary.get("contaminated"):
         # Measured on cached prefills: not the workload asked for, so it
         # may not win (qtune.bench.CONTAMINATED_HIT_RATE).
@@ -308,8 +308,8 @@ def bench_config(prep: Prepared, spec: Any, wl: Any) -> Any:
                        metric_names=prep.engine.metric_names(),
                        reset_paths=prep.engine.cache_reset_paths(),
                        request_fields=prep.engine.request_fields(),
-                       capacity_window=prep.cfg.capacity_window,
-                       capacity_tolerance=prep.cfg.capacity_tolerance)
+                       capacity_window=prep.cfg.capacity.window,
+                       capacity_tolerance=prep.cfg.capacity.tolerance)
 
 
 def remeasure(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: Reporter,

@@ -42,7 +42,7 @@ def config(tmp: Path, url: str, study: str, **kw: Any) -> dict[str, Any]:
                          "requests": 24, "warmup_requests": 2},
             "studies_dir": str(tmp / "studies"), "profiles_dir": str(tmp / "profiles"),
             "space_file": str(space), "confirm_top": 1, "confirm_repeats": 1,
-            "startup_timeout": 60, "heartbeat_s": 1, "prune_margin": 1.0, **kw}
+            "startup_timeout": 60, "heartbeat": 1, "prune_margin": 1.0, **kw}
 
 
 def spawn(cfg: dict[str, Any]) -> subprocess.Popen[str]:
@@ -234,7 +234,7 @@ def test_finish_confirms_a_study_and_a_worker_of_another_engine_is_refused(
 def test_a_short_database_restart_is_ridden_out(postgres, tmp_path):
     url = postgres.new_database()
     # 2 s beats: a worker gives the database up after 5 s without one.
-    cfg = config(tmp_path, url, "blip", trials=3, heartbeat_s=2)
+    cfg = config(tmp_path, url, "blip", trials=3, heartbeat=2)
     worker = spawn(cfg)
     trial, _ = wait_for(lambda: running_trial_of(url, "blip", worker.pid,
                                                  baseline_ok=True), 120,

@@ -4,8 +4,9 @@ facts, as ``qtune search`` runs it (signal handlers, one error line).
 
     python -m tests.fleet.worker '{"study": ..., "storage": ..., ...}'
 
-The JSON holds TuneConfig's fields (and ``engine_version``, to play a host
-with another engine); the last stdout line is a JSON summary.
+The JSON holds TuneConfig's fields, a group's by their flag names
+(``confirm_top``; qtune.options.grouped), and ``engine_version``, to play a
+host with another engine; the last stdout line is a JSON summary.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from qtune.engines import probe_host as probe
 from qtune.errors import QtuneError
 from qtune.host.installed import EngineInstall, InstalledEngines
 from qtune.load.workload import Workload
+from qtune.options import grouped
 from qtune.search import NullReporter, prepare, run_study
 from qtune.search.config import TuneConfig
 from qtune.server import install_signal_handlers
@@ -46,7 +48,7 @@ def main(arg: str) -> int:
         if spec.get(key):
             spec[key] = Path(spec[key])
     cfg = TuneConfig(engine="fake", workload=wl, studies_dir=Path(spec.pop("studies_dir")),
-                     profiles_dir=Path(spec.pop("profiles_dir")), **spec)
+                     profiles_dir=Path(spec.pop("profiles_dir")), **grouped(spec))
     try:
         res = run_study(prepare(cfg), NullReporter())
     except QtuneError as exc:

@@ -8,6 +8,7 @@ import time
 
 import optuna
 
+from qtune.options import Confirmation
 from qtune.search.budget import CONFIRM_SHARE, costs, over_budget, plan_confirmation
 from qtune.search.config import TuneConfig
 from qtune.search.records import Attr
@@ -66,12 +67,14 @@ def test_the_confirmation_is_sized_to_the_budget():
     big = plan_confirmation(TuneConfig(time_budget=4 * 3600), st, "maximize", with_contenders(2))
     assert (big.top, big.repeats, big.why) == (3, 2, "")
     # flags given explicitly are kept, whatever they cost
-    fixed = plan_confirmation(TuneConfig(time_budget=20 * 60, confirm_top=2, confirm_repeats=2,
-                                         confirm_fixed=True), st, "maximize", with_contenders(2))
+    fixed = plan_confirmation(
+        TuneConfig(time_budget=20 * 60, confirm=Confirmation(top=2, repeats=2, fixed=True)),
+        st, "maximize", with_contenders(2))
     assert (fixed.top, fixed.repeats) == (2, 2)
     # no confirmation for a Pareto front, or with --confirm-top 0
     assert plan_confirmation(cfg, st, "pareto", with_contenders(2)).off
-    assert plan_confirmation(TuneConfig(confirm_top=0), st, "maximize", with_contenders(2)).off
+    assert plan_confirmation(TuneConfig(confirm=Confirmation(top=0)), st, "maximize",
+                             with_contenders(2)).off
 
 
 def test_the_search_stops_early_enough_to_pay_the_confirmation():
@@ -108,7 +111,8 @@ def test_a_capacity_launch_is_priced_as_a_loser_and_its_search_ends_in_time():
     assert abs(budget.deadline - (started + 1200 - reserve.seconds)) < 1e-6
     assert trial_budget(TuneConfig(), started, reserve) is None
     # with the confirmation off, a trial re-measures its own answer
-    off = plan_confirmation(TuneConfig(time_budget=1200, confirm_top=0), st, "maximize",
+    off = plan_confirmation(TuneConfig(time_budget=1200, confirm=Confirmation(top=0)), st,
+                            "maximize",
                             with_contenders(1))
     budget_off = trial_budget(cfg, started, off)
     assert budget_off is not None and not budget_off.confirmed_later

@@ -20,6 +20,7 @@ from qtune.engines.base import LaunchSpec, Param, SpaceContext
 from qtune.host.installed import EngineInstall, InstalledEngines
 from qtune.load.workload import Workload
 from qtune.objectives import parse_slo
+from qtune.options import CapacitySearch, Confirmation
 from qtune.search import tune
 from qtune.search.config import TuneConfig
 from tests.fakes.engine import FakeEngine
@@ -57,11 +58,12 @@ def slots(monkeypatch, cpu_host, tmp_path):
     monkeypatch.setattr(search, "probe", lambda **kw: host)
     return TuneConfig(
         engine="slots", trials=2, seed=3, sampler="random", objective="capacity",
-        slo=parse_slo("e2e_p99<=600ms"), capacity_window=2.0,
+        slo=parse_slo("e2e_p99<=600ms"), capacity=CapacitySearch(window=2.0),
+        confirm=Confirmation(top=1, repeats=1),
         workload=Workload(input_len=8, output_len=10, rate=5, requests=10,
                           warmup_requests=4),
         studies_dir=tmp_path / "studies", profiles_dir=tmp_path / "profiles",
-        study="cap", confirm_top=1, confirm_repeats=1, startup_timeout=60)
+        study="cap", startup_timeout=60)
 
 
 def _space(tmp_path: Path, slots: int) -> Path:

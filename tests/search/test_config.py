@@ -187,6 +187,7 @@ def test_check_url_accepts():
 
 
 def test_check_config_ranges():
+    from qtune.options import grouped
     from qtune.search.config import TuneConfig, check_config
 
     for bad, needle in [({"seed": -1}, "--seed"), ({"seed": 2**32}, "--seed"),
@@ -194,7 +195,13 @@ def test_check_config_ranges():
                         ({"startup_timeout": 0}, "--startup-timeout"),
                         ({"time_budget": float("inf")}, "--time-budget"),
                         ({"max_model_len": 0}, "--max-model-len"),
-                        ({"pick": -1}, "--pick")]:
+                        ({"pick": -1}, "--pick"),
+                        # the option groups' own checks, reached through the config
+                        ({"capacity_tolerance": 0.001}, "--capacity-tolerance"),
+                        ({"capacity_window": float("nan")}, "--capacity-window"),
+                        ({"max_quality_loss": -0.1}, "--max-quality-loss"),
+                        ({"exact": True, "lossy": True}, "--exact and --lossy"),
+                        ({"finish": True}, "--finish needs --study")]:
         with pytest.raises(InputError, match=needle):
-            check_config(TuneConfig(**bad))
+            check_config(TuneConfig(**grouped(bad)))
     check_config(TuneConfig(seed=2**32 - 1, time_budget=60.0))

@@ -33,6 +33,7 @@ from qtune.errors import StudyError
 from qtune.host.installed import EngineInstall, InstalledEngines
 from qtune.load.workload import Workload
 from qtune.measure import replace_measure_server
+from qtune.options import Confirmation, grouped
 from qtune.profile import Profile
 from qtune.search.choice import ENGINE_PARAM
 from qtune.search.config import TuneConfig
@@ -106,7 +107,7 @@ def setup(monkeypatch, tmp_path) -> Setup:
     cfg = TuneConfig(
         engine="vllm,sglang", model=None,  # the embedded tiny model (random weights)
         workload=Workload(**meta["workload"]), objective="e2e_p50", trials=8,
-        confirm_top=2, confirm_repeats=1, studies_dir=tmp_path / "studies",
+        confirm=Confirmation(top=2, repeats=1), studies_dir=tmp_path / "studies",
         profiles_dir=tmp_path / "profiles", study="two-engines")
     return Setup(cfg, {n: synthetic_table(n, first["summary"]) for n in TUNED})
 
@@ -114,7 +115,7 @@ def setup(monkeypatch, tmp_path) -> Setup:
 def run(setup: Setup, **over: Any) -> tuple[Any, list[tuple[str, str]]]:
     """The study run with every measurement answered from the synthetic
     tables; returns the result and each launch's (engine, table key)."""
-    prep = prepare(dataclasses.replace(setup.cfg, **over))
+    prep = prepare(dataclasses.replace(setup.cfg, **grouped(over)))
     stands = {n: StandIn(setup.tables[n], _spec_of(prep.engines.get(n, prep)),
                          random.Random(0))
               for n in TUNED}

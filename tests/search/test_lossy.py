@@ -14,6 +14,7 @@ from qtune.engines.sglang import SGLang
 from qtune.engines.tgi import TGI
 from qtune.engines.vllm import VLLM
 from qtune.errors import InputError
+from qtune.options import QualityGate
 from qtune.search.config import TuneConfig, check_config
 from qtune.search.inputs import lossless
 from tests.fakes.profile import sample_profile
@@ -24,8 +25,8 @@ def test_random_weights_keep_the_numerics_unless_asked(cpu_ctx):
     assert dummy.load_format == "dummy"
     exact, why = lossless(TuneConfig(), VLLM(), dummy)
     assert exact and "random weights" in why and "--lossy" in why
-    assert lossless(TuneConfig(lossy=True), VLLM(), dummy) == (False, None)
-    assert lossless(TuneConfig(exact=True), VLLM(), dummy) == (True, None)
+    assert lossless(TuneConfig(quality=QualityGate(lossy=True)), VLLM(), dummy) == (False, None)
+    assert lossless(TuneConfig(quality=QualityGate(exact=True)), VLLM(), dummy) == (True, None)
 
 
 def test_real_weights_with_a_quality_gate_search_lossy_options(cpu_ctx):
@@ -41,7 +42,7 @@ def test_real_weights_with_a_quality_gate_search_lossy_options(cpu_ctx):
 
 def test_exact_and_lossy_together_are_refused():
     with pytest.raises(InputError, match="choose one"):
-        check_config(TuneConfig(exact=True, lossy=True))
+        check_config(TuneConfig(quality=QualityGate(exact=True, lossy=True)))
 
 
 def test_an_unmeasured_lossy_winner_is_said_in_every_format():

@@ -14,6 +14,7 @@ from qtune.bench import falls_behind
 from qtune.capacity import judge_load
 from qtune.measure import replace_measure_server
 from qtune.metrics import OVERLOAD_MEANS
+from qtune.options import Confirmation
 from qtune.profile import Profile
 from qtune.search.replay import StandIn
 from qtune.search.reporter import NullReporter
@@ -66,7 +67,7 @@ def test_the_profile_says_the_winner_and_the_defaults_were_overloaded(
 
     with replace_measure_server(answer):
         res = run_study(dataclasses.replace(prep, cfg=dataclasses.replace(
-            prep.cfg, trials=4, confirm_top=0)), NullReporter())
+            prep.cfg, trials=4, confirm=Confirmation(top=0))), NullReporter())
     assert res.best is not None and res.profile_path is not None
     (note,) = [n for n in Profile.load(res.profile_path).notes if n.startswith("overloaded")]
     why = "served 25.80 of 40.00 req/s over the arrival window"

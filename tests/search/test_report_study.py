@@ -13,6 +13,7 @@ import pytest
 from qtune.engines import ENGINES
 from qtune.host.installed import EngineInstall, InstalledEngines
 from qtune.load.workload import Workload
+from qtune.options import Confirmation
 from qtune.profile import Profile
 from qtune.search import tune
 from qtune.search.config import TuneConfig
@@ -34,7 +35,7 @@ def fake(monkeypatch, cpu_host, tmp_path):
         workload=Workload(input_len=8, output_len=10, concurrency=2, requests=12,
                           warmup_requests=2),
         studies_dir=tmp_path / "studies", profiles_dir=tmp_path / "profiles",
-        study="fake", confirm_top=1, confirm_repeats=2, startup_timeout=60)
+        study="fake", confirm=Confirmation(top=1, repeats=2), startup_timeout=60)
 
 
 def test_report_recommends_what_the_search_wrote(fake, monkeypatch, tmp_path):

@@ -16,6 +16,7 @@ from qtune.engines.vllm import VLLM, to_flag
 from qtune.load.prometheus import MetricsWatcher, parse
 from qtune.metrics import spec_acceptance
 from qtune.model import resolve_model
+from qtune.options import Confirmation
 from qtune.profile import Profile
 from qtune.search import tune
 from qtune.search.result import summary_line
@@ -147,7 +148,7 @@ def real_weights(monkeypatch):
 def test_phase_keeps_a_clear_win_and_the_profile_says_so(fake, monkeypatch,  # noqa: F811
                                                         real_weights):
     monkeypatch.setitem(ENGINES, "fake", SpecEngine((1, 30)))
-    cfg = dataclasses.replace(fake, trials=1, confirm_top=0, confirm_repeats=2,
+    cfg = dataclasses.replace(fake, trials=1, confirm=Confirmation(top=0, repeats=2),
                               study="spec-win")
     res = tune(cfg)
     spec = [t for t in res.trials if t.spec_of is not None]
@@ -171,7 +172,7 @@ def test_phase_keeps_the_base_when_the_candidate_loses(fake, monkeypatch,  # noq
     # 14 ms a token against the base's 10: slower, but within the pruning
     # margin, so it runs in full and loses in the A/B.
     monkeypatch.setitem(ENGINES, "fake", SpecEngine((14,)))
-    res = tune(dataclasses.replace(fake, trials=1, confirm_top=0, study="spec-lose",
+    res = tune(dataclasses.replace(fake, trials=1, confirm=Confirmation(top=0), study="spec-lose",
                                    prune_margin=1.0))
     assert res.best is not None and res.best.number == 0  # the base config
     phase = Profile.load(res.profile_path).metrics["speculative"]
@@ -185,7 +186,7 @@ def test_a_candidate_runs_in_full_even_when_it_cannot_win(
     but a candidate is measured in full (its acceptance is what it is for)
     and loses in the A/B."""
     monkeypatch.setitem(ENGINES, "fake", SpecEngine((30,)))
-    res = tune(dataclasses.replace(fake, trials=1, confirm_top=0, study="spec-prune"))
+    res = tune(dataclasses.replace(fake, trials=1, confirm=Confirmation(top=0), study="spec-prune"))
     assert res.best is not None and res.best.number == 0
     cand = next(t for t in res.trials if t.spec_of is not None)
     assert cand.status == "ok" and cand.summary is not None
@@ -196,10 +197,10 @@ def test_a_candidate_runs_in_full_even_when_it_cannot_win(
 
 def test_phase_is_skipped_on_random_weights_and_when_off(fake, monkeypatch):  # noqa: F811
     monkeypatch.setitem(ENGINES, "fake", SpecEngine((1,)))
-    res = tune(dataclasses.replace(fake, trials=1, confirm_top=0, study="spec-dummy"))
+    res = tune(dataclasses.replace(fake, trials=1, confirm=Confirmation(top=0), study="spec-dummy"))
     assert all(t.spec_of is None for t in res.trials)
     phase = Profile.load(res.profile_path).metrics["speculative"]
     assert phase["searched"] is False and "random weights" in phase["why"]
-    off = tune(dataclasses.replace(fake, trials=1, confirm_top=0, study="spec-off",
+    off = tune(dataclasses.replace(fake, trials=1, confirm=Confirmation(top=0), study="spec-off",
                                    speculative="off"))
     assert Profile.load(off.profile_path).metrics.get("speculative") is None

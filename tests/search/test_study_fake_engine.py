@@ -20,6 +20,7 @@ from qtune.engines.base import LaunchSpec, Param, SpaceContext
 from qtune.errors import InputError
 from qtune.host.installed import EngineInstall, InstalledEngines
 from qtune.load.workload import Workload
+from qtune.options import Confirmation
 from qtune.profile import Profile
 from qtune.search import tune
 from qtune.search.config import TuneConfig
@@ -49,7 +50,7 @@ def fake(monkeypatch, cpu_host, tmp_path):
         workload=Workload(input_len=8, output_len=10, concurrency=2, requests=12,
                           warmup_requests=2),
         studies_dir=tmp_path / "studies", profiles_dir=tmp_path / "profiles",
-        study="fake", confirm_top=2, confirm_repeats=1, startup_timeout=60)
+        study="fake", confirm=Confirmation(top=2, repeats=1), startup_timeout=60)
 
 
 def test_study_records_every_outcome_and_picks_a_confirmed_winner(fake, monkeypatch):
@@ -92,7 +93,7 @@ def test_study_records_every_outcome_and_picks_a_confirmed_winner(fake, monkeypa
     assert (fake.studies_dir / "fake" / "trials.csv").is_file()
 
     # Resume with a larger budget: one more launch, no second baseline.
-    res2 = tune(dataclasses.replace(fake, trials=7, confirm_top=0))
+    res2 = tune(dataclasses.replace(fake, trials=7, confirm=Confirmation(top=0)))
     assert len([t for t in res2.trials if t.status != "invalid"]) == 7
     assert sum(t.baseline for t in res2.trials) == 1
 
@@ -101,7 +102,7 @@ def test_pruning_stops_slow_trials_early(fake, tmp_path, monkeypatch):
     space = tmp_path / "space.yaml"
     space.write_text("crash: false\nslots: 2\n")
     script_random_sampler(monkeypatch, [{"delay_ms": d} for d in (1, 30, 30, 1)])
-    res = tune(dataclasses.replace(fake, space_file=space, trials=5, confirm_top=0,
+    res = tune(dataclasses.replace(fake, space_file=space, trials=5, confirm=Confirmation(top=0),
                                    study="prune"))
     pruned = [t for t in res.trials if t.status == "pruned"]
     assert pruned, [(t.params, t.status) for t in res.trials]
@@ -112,7 +113,7 @@ def test_pruning_stops_slow_trials_early(fake, tmp_path, monkeypatch):
 
 
 def test_sqlite_storage_and_resume(fake, tmp_path):
-    cfg = dataclasses.replace(fake, trials=2, confirm_top=0, study="sql",
+    cfg = dataclasses.replace(fake, trials=2, confirm=Confirmation(top=0), study="sql",
                               storage=f"sqlite:///{tmp_path / 'db' / 'studies.db'}")
     (tmp_path / "db").mkdir()  # qtune never creates the storage's folder
     res = tune(cfg)
@@ -131,7 +132,8 @@ def test_tpe_starts_from_a_latin_hypercube(fake):
 
     from qtune.search import open_storage
 
-    cfg = dataclasses.replace(fake, sampler="tpe", trials=6, confirm_top=0, study="lhs")
+    cfg = dataclasses.replace(fake, sampler="tpe", trials=6, confirm=Confirmation(top=0),
+                              study="lhs")
     res = tune(cfg)
     study = optuna.load_study(study_name="lhs", storage=res.storage and open_storage(
         res.storage))
@@ -146,7 +148,7 @@ def test_grid_runs_every_point_once_and_stops(fake, tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("crash: false\nslots: 2\n")
     res = tune(dataclasses.replace(fake, sampler="grid", space_file=space, trials=10,
-                                   confirm_top=0, study="grid"))
+                                   confirm=Confirmation(top=0), study="grid"))
     tuned = [t for t in res.trials if not t.baseline]
     # The baseline takes no grid cell: both delays are launched, then it stops.
     assert sorted(t.params["delay_ms"] for t in tuned) == [1, 30]
@@ -271,7 +273,7 @@ def test_a_failed_memory_ask_refuses_larger_asks(fake, monkeypatch, tmp_path):
     # 6 fails; 7 and 8 ask more and are refused; 5 asks less, starts, fails.
     script_random_sampler(monkeypatch, [{"slots": n} for n in (6, 7, 2, 5, 8, 3, 1, 4)])
     cfg = dataclasses.replace(fake, space_file=space, trials=7,
-                              study="mem", confirm_top=0, sampler="random")
+                              study="mem", confirm=Confirmation(top=0), sampler="random")
     res = tune(cfg)
     failed = [t for t in res.trials if t.status == "startup_failed"]
     learned = [t for t in res.trials if t.reason == "learned_oom"]
@@ -301,7 +303,8 @@ class SeedingEngine(FakeEngine):
 
 def test_engine_seeds_run_after_the_baseline_and_before_the_design(fake, monkeypatch):
     monkeypatch.setitem(ENGINES, "fake", SeedingEngine())
-    cfg = dataclasses.replace(fake, trials=4, sampler="tpe", confirm_top=0, study="seeds")
+    cfg = dataclasses.replace(fake, trials=4, sampler="tpe", confirm=Confirmation(top=0),
+                              study="seeds")
     res = tune(cfg)
     assert res.trials[0].baseline
     seed = res.trials[1]
@@ -320,7 +323,8 @@ def test_a_seed_that_beats_the_defaults_anchors_the_start_design(fake, monkeypat
     """The seed (1 ms) beats the defaults (10 ms): the design keeps its
     delay_ms and spreads both of its points over the other parameters."""
     monkeypatch.setitem(ENGINES, "fake", SeedingEngine())
-    cfg = dataclasses.replace(fake, trials=6, sampler="tpe", confirm_top=0, study="anchor")
+    cfg = dataclasses.replace(fake, trials=6, sampler="tpe", confirm=Confirmation(top=0),
+                              study="anchor")
     res = tune(cfg)
     assert res.trials[1].params == {"delay_ms": 1} and res.trials[1].value < \
         res.trials[0].value
@@ -343,7 +347,8 @@ class LosingSeedEngine(FakeEngine):
 
 def test_a_seed_that_loses_to_the_defaults_leaves_the_design_free(fake, monkeypatch):
     monkeypatch.setitem(ENGINES, "fake", LosingSeedEngine())
-    cfg = dataclasses.replace(fake, trials=6, sampler="tpe", confirm_top=0, study="free")
+    cfg = dataclasses.replace(fake, trials=6, sampler="tpe", confirm=Confirmation(top=0),
+                              study="free")
     res = tune(cfg)
     seed = res.trials[1]  # pruned (worse than the best so far) or measured slower
     assert seed.params == {"delay_ms": 30}
@@ -366,7 +371,8 @@ def test_a_seed_left_for_a_resume_runs_as_itself(fake, monkeypatch):
     from qtune.search import open_storage
 
     monkeypatch.setitem(ENGINES, "fake", SeedingEngine())
-    cfg = dataclasses.replace(fake, trials=1, sampler="tpe", confirm_top=0, study="seed2")
+    cfg = dataclasses.replace(fake, trials=1, sampler="tpe", confirm=Confirmation(top=0),
+                              study="seed2")
     res = tune(cfg)
     assert [t.baseline for t in res.trials] == [True]
     res2 = tune(dataclasses.replace(cfg, trials=4))
@@ -449,7 +455,7 @@ class BigDefaultsEngine(FakeEngine):
 
 def test_defaults_predicted_not_to_fit_are_refused_without_a_launch(fake, monkeypatch):
     monkeypatch.setitem(ENGINES, "fake", BigDefaultsEngine())
-    cfg = dataclasses.replace(fake, trials=3, study="big", confirm_top=0)
+    cfg = dataclasses.replace(fake, trials=3, study="big", confirm=Confirmation(top=0))
     res = tune(cfg)
     base = [t for t in res.trials if t.baseline]
     assert len(base) == 1 and base[0].status == "invalid"
@@ -503,7 +509,7 @@ def test_pick_needs_no_engine_installed_and_launches_nothing(fake, monkeypatch, 
     import qtune.search.inputs as search
     import qtune.server as server
 
-    res = tune(dataclasses.replace(fake, trials=2, confirm_top=0, study="pick"))
+    res = tune(dataclasses.replace(fake, trials=2, confirm=Confirmation(top=0), study="pick"))
     picked = next(t for t in res.trials if t.status == "ok" and t.feasible)
     bare = dataclasses.replace(cpu_host, engines=InstalledEngines(sys.executable, []))
     monkeypatch.setattr(search, "probe", lambda **kw: bare)
@@ -512,7 +518,7 @@ def test_pick_needs_no_engine_installed_and_launches_nothing(fake, monkeypatch, 
         raise AssertionError("--pick launched a server")
 
     monkeypatch.setattr(server.Server, "start", no_launch)
-    res2 = tune(dataclasses.replace(fake, trials=2, confirm_top=0, study="pick",
+    res2 = tune(dataclasses.replace(fake, trials=2, confirm=Confirmation(top=0), study="pick",
                                     pick=picked.number))
     profile = Profile.load(res2.profile_path)
     assert profile.study.trial == picked.number and profile.engine.version == "1.0"
