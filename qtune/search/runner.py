@@ -82,54 +82,77 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
 
 
 def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
-    cfg = prep.cfg
+    """Three flows around one study: ``--pick`` writes one trial's profile
+    (nothing runs, the storage is read-only); ``--finish`` concludes a study
+    its workers ran; else the search (open or join, then sample) and, on
+    the worker that claims it, the conclusion."""
     study, opener = _open_study(prep)
-    is_fleet = fleet.is_fleet(prep.storage_url)
     reporter.study_started(_study_info(prep))
-    started = fleet.started_at(study) if is_fleet else time.monotonic()
-    stop_reason = None
-    if cfg.pick is not None:
-        # --pick: the profile of one trial of the study as it is; nothing
-        # runs and nothing is written to the study (its storage is read-only).
+    if prep.cfg.pick is not None:
         return finish(_shape(prep, study, reporter), study)
-    if cfg.fleet.finish:
-        # --finish: the confirmation and the profile of the study as it is.
-        prep = _shape(prep, study, reporter)
-    elif not opener and study.user_attrs.get(fleet.FleetAttr.READY) is None:
-        opener = _wait_for_opening(prep, study, reporter)
-    if opener and not cfg.fleet.finish:
-        # --engine a,b: each engine's defaults, in the order named.
-        for sub in _each_engine(prep):
-            engine = _engine_attr(prep, sub)
-            if not _has_baseline(sub, study, engine.get(Attr.ENGINE)) and \
-                    launched_count(study) < cfg.trials:
-                base_params, note = sub.engine.baseline(sub.ctx)
-                _run_unsampled(sub, study, reporter, {**base_params, **sub.fixed},
-                               {Attr.BASELINE: True, **engine,
-                                **({Attr.BASELINE_NOTE: note} if note else {})},
-                               budget=_budget(prep, study, started))
-        prep = _shape(prep, study, reporter)
-        study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
-        stop_reason = _run_seeds(prep, study, reporter, started)
-        if not stop_reason and launched_count(study) < cfg.trials:
-            # Queued only when the loop will take them: a queued point left over
-            # would come out of a later ask() in place of what was queued then.
-            start_design(prep, study, reporter)
-        if is_fleet:
-            study.set_user_attr(fleet.FleetAttr.READY, fleet.worker_id())
-    elif not cfg.fleet.finish:
-        # A worker that joins: the space as the opener shaped it.
-        prep = _shape(prep, study, reporter)
-        study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
-    if not stop_reason and not cfg.fleet.finish:
-        stop_reason = _sampling_loop(prep, study, reporter, started)
+    is_fleet = fleet.is_fleet(prep.storage_url)
+    started = fleet.started_at(study) if is_fleet else time.monotonic()
+    if prep.cfg.fleet.finish:
+        return _conclude(_shape(prep, study, reporter), study, reporter, started, None)
+    prep, stop_reason = _search(prep, study, reporter, started, opener)
     if stop_reason:
         reporter.note(f"stopped before --trials: {stop_reason}")
-    if is_fleet and not cfg.fleet.finish and cfg.pick is None and \
-            not _claim_finish(prep, study, reporter):
+    if is_fleet and not _claim_finish(prep, study, reporter):
         res = _worker_result(prep, study)
         res.stop_reason = stop_reason
         return res
+    return _conclude(prep, study, reporter, started, stop_reason)
+
+
+def _search(prep: Prepared, study: optuna.Study, reporter: Reporter, started: float,
+            opener: bool) -> tuple[Prepared, str | None]:
+    """The search: the opening (the engine defaults, the seeds, the start
+    design) by the worker that opens the study, the space as it shaped it
+    for one that joins, then the sampler's trials.  Returns the shaped
+    study and why it stopped before --trials (None: it did not)."""
+    if not opener and study.user_attrs.get(fleet.FleetAttr.READY) is None:
+        opener = _wait_for_opening(prep, study, reporter)
+    if opener:
+        prep, stop_reason = _opening(prep, study, reporter, started)
+    else:
+        prep, stop_reason = _shape(prep, study, reporter), None
+        study.sampler = make_sampler(prep.cfg.sampler, prep.params, prep.cfg.seed,
+                                     prep.cfg.trials)
+    if not stop_reason:
+        stop_reason = _sampling_loop(prep, study, reporter, started)
+    return prep, stop_reason
+
+
+def _opening(prep: Prepared, study: optuna.Study, reporter: Reporter,
+             started: float) -> tuple[Prepared, str | None]:
+    """Each engine's defaults (``--engine a,b``: in the order named), the
+    space shaped by them, the engine's seeds, then the start design."""
+    cfg = prep.cfg
+    for sub in _each_engine(prep):
+        engine = _engine_attr(prep, sub)
+        if not _has_baseline(sub, study, engine.get(Attr.ENGINE)) and \
+                launched_count(study) < cfg.trials:
+            base_params, note = sub.engine.baseline(sub.ctx)
+            _run_unsampled(sub, study, reporter, {**base_params, **sub.fixed},
+                           {Attr.BASELINE: True, **engine,
+                            **({Attr.BASELINE_NOTE: note} if note else {})},
+                           budget=_budget(prep, study, started))
+    prep = _shape(prep, study, reporter)
+    study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
+    stop_reason = _run_seeds(prep, study, reporter, started)
+    if not stop_reason and launched_count(study) < cfg.trials:
+        # Queued only when the loop will take them: a queued point left over
+        # would come out of a later ask() in place of what was queued then.
+        start_design(prep, study, reporter)
+    if fleet.is_fleet(prep.storage_url):
+        study.set_user_attr(fleet.FleetAttr.READY, fleet.worker_id())
+    return prep, stop_reason
+
+
+def _conclude(prep: Prepared, study: optuna.Study, reporter: Reporter, started: float,
+              stop_reason: str | None) -> TuneResult:
+    """The confirmation of the top configs, speculative decoding on the
+    winner, then the profile."""
     confirmation(prep, study, reporter)
     _speculative(prep, study, reporter, started)
     res = finish(prep, study)
