@@ -35,14 +35,32 @@ from qtune.server import free_port
 _RETRYABLE = {"port_in_use"}
 
 
+def tell(study: optuna.Study, trial: optuna.Trial, rec: TrialRecord, reporter: Reporter,
+         values: list[float] | None = None) -> None:
+    """The one place a trial's outcome is recorded and told, then reported:
+    a measured trial with its ``values`` (the objective, or throughput and
+    latency for a Pareto study; feasible by its constraints), any other
+    outcome pruned (refused, failed at start or under load, stopped early,
+    below the incumbent: TPE ranks it below every run and learns the
+    region).  (A trial closed unrun, or left RUNNING by a killed process,
+    is failed where that is found: the runner.)"""
+    write_record(trial, rec)
+    if values is None:
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        rec.value = values[-1]  # pareto: the latency
+        if len(values) > 1:
+            rec.values = values
+        study.tell(trial, values if len(values) > 1 else values[0])
+        rec.feasible = feasible(study.get_trials(deepcopy=False)[trial.number])
+    reporter.trial_done(rec, best_trial(study))
+
+
 def refuse(study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], reason: str,
             detail: str, reporter: Reporter) -> None:
-    """Record a config refused without a launch (pruned: TPE ranks it below
-    every run, so it learns the region)."""
-    rec = TrialRecord(trial.number, params, TrialStatus.INVALID, reason=reason, detail=detail)
-    write_record(trial, rec)
-    study.tell(trial, state=TrialState.PRUNED)
-    reporter.trial_done(rec, best_trial(study))
+    """Record a config refused without a launch."""
+    tell(study, trial, TrialRecord(trial.number, params, TrialStatus.INVALID, reason=reason,
+                                   detail=detail), reporter)
 
 
 def estimate_memory(prep: Prepared, params: dict[str, Any]) -> Any:
@@ -152,9 +170,7 @@ def _run_trial_inner(
             if asked:  # what this start asked for: learned, see _learned_refusal
                 trial.set_user_attr(Attr.OVER_REQUEST, asked)
             rec.total_s = time.monotonic() - t0
-            write_record(trial, rec)
-            study.tell(trial, state=TrialState.PRUNED)
-            reporter.trial_done(rec, best_trial(study))
+            tell(study, trial, rec, reporter)
             return []  # a server that died: its lower levels are not kept either
     summary = m.to_dict()
     rec.summary = summary
@@ -179,9 +195,7 @@ def _run_trial_inner(
         rec.partial_summary, rec.summary = summary, None
         trial.set_user_attr(Attr.REQUESTS_UNSENT, max(planned - done, 0) / max(planned, 1))
         rec.detail = (f"{m.stopped_early} after {done}/{planned} requests")
-        write_record(trial, rec)
-        study.tell(trial, state=TrialState.PRUNED)
-        reporter.trial_done(rec, best_trial(study))
+        tell(study, trial, rec, reporter)
         return lower
     q = quality[0] if quality else None
     if q is not None:
@@ -190,16 +204,7 @@ def _run_trial_inner(
             rec.reason, rec.detail = "quality_loss", quality_reason(q, cfg.quality.max_loss)
     for name, v in _constraints(cfg, summary, rec.quality).items():
         trial.set_constraint(name, v)
-    write_record(trial, rec)
-    values = _values(prep, summary)
-    rec.value = values[-1]  # pareto: the latency
-    if prep.direction == "pareto":
-        rec.values = values
-        study.tell(trial, values)
-    else:
-        study.tell(trial, values[0])
-    rec.feasible = feasible(study.get_trials(deepcopy=False)[n])
-    reporter.trial_done(rec, best_trial(study))
+    tell(study, trial, rec, reporter, _values(prep, summary))
     return lower
 
 
@@ -262,9 +267,7 @@ def _tell_below(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
     rec.status, rec.reason = TrialStatus.PRUNED, BELOW
     rec.detail = cap.reason
     rec.partial_summary, rec.summary = summary, None
-    write_record(trial, rec)
-    study.tell(trial, state=TrialState.PRUNED)
-    reporter.trial_done(rec, best_trial(study))
+    tell(study, trial, rec, reporter)
 
 
 def _constraints(cfg: TuneConfig, summary: dict[str, Any],
