@@ -526,6 +526,11 @@ def trials_table_html(df: Any, best: int | None) -> str:
     lead = ["trial", "status", "reason", *params, *[c for c in _LEADING if c in df]]
     rest = [c for c in df.columns if c not in lead and c not in ("detail", "baseline")]
     cols = [*lead, *rest]
+    # Two header rows: what each group of columns is, then the columns.
+    measured = len(cols) - 3 - len(params)
+    groups = "".join(f'<th colspan="{n}" class="group">{label}</th>'
+                     for label, n in (("trial", 3), ("config: launch parameters", len(params)),
+                                      ("measured", measured)) if n)
     head = "".join(f"<th>{html.escape(c.removeprefix('param.'))}</th>" for c in cols)
     body = []
     for r in rows(df):
@@ -544,7 +549,8 @@ def trials_table_html(df: Any, best: int | None) -> str:
             else:
                 cells.append(f"<td>{_cell(v)}</td>")
         body.append(f"<tr{cls}>{''.join(cells)}</tr>")
-    return (f'<div class="scroll"><table class="trials"><thead><tr>{head}</tr></thead>'
+    return (f'<div class="scroll"><table class="trials"><thead><tr>{groups}</tr>'
+            f'<tr class="names">{head}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
@@ -628,6 +634,8 @@ def render_html(study: optuna.Study, url: str, df: Any, imp: dict[str, float],
 table.trials{{border-collapse:collapse;font-size:12px;white-space:nowrap}}
 table.trials td,table.trials th{{padding:2px 6px;border-bottom:1px solid #ddd;text-align:right}}
 table.trials th{{position:sticky;top:0;background:#fafafa}}
+table.trials th.group{{text-align:left;border-left:2px solid #bbb}}
+table.trials tr.names th{{top:1.5em}}
 tr.winner{{background:#dff5df;font-weight:bold}} tr.defaults{{background:#f2f2f2}}
 tr.dim{{color:#888}} .answer{{border:2px solid #2ca02c;padding:0 1em;border-radius:6px}}
 .grid{{display:flex;flex-wrap:wrap;gap:1em}} code{{background:#f4f4f4}}

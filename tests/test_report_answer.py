@@ -60,9 +60,16 @@ def test_run6_recommends_the_winner_with_its_gain(run6):
     assert page.index("Recommendation") < page.index("<h2>Trials") < page.index("<svg")
     assert "5.60x" in page and "not confirmed" in page and "--format systemd" in page
     assert '<tr class="winner">' in page and 'class="scroll"' in page
-    head = re.search(r"<thead><tr>(.*?)</tr>", page).group(1)
+    groups = re.search(r"<thead><tr>(.*?)</tr>", page).group(1)
+    spans = re.findall(r'<th colspan="(\d+)" class="group">(.*?)</th>', groups)
+    assert [label for _, label in spans] == ["trial", "config: launch parameters", "measured"]
+    head = re.search(r'<tr class="names">(.*?)</tr>', page).group(1)
     cols = re.findall(r"<th>(.*?)</th>", head)
     assert cols[:4] == ["trial", "status", "reason", "data_parallel_size"]
+    # the groups span every column, the parameters exactly
+    assert sum(int(n) for n, _ in spans) == len(cols)
+    # the parameters' group ends where the measured columns start
+    assert int(spans[1][0]) > 0 and cols[3 + int(spans[1][0])] == "value"
     body = page[page.index("<tbody>"):page.index("</tbody>")]
     assert "True" not in body and "False" not in body and "e-0" not in body
     # ticks and units on the history's axes, trial labels, the pruned trial
