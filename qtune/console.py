@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
@@ -19,6 +19,10 @@ from rich.text import Text as _RichText
 
 from qtune.errors import QtuneError, clip, mask_url, printable, redact
 from qtune.metrics import overload_text
+
+if TYPE_CHECKING:
+    from qtune.search.records import TrialRecord
+    from qtune.search.result import TuneResult
 
 
 class Text(_RichText):
@@ -212,7 +216,7 @@ class SearchReporter:
                 f"{detail}   (elapsed {elapsed:.1f} min, left {self._eta()})",
                 style="dim"))
 
-    def trial_done(self, rec: Any, best: Any) -> None:
+    def trial_done(self, rec: TrialRecord, best: TrialRecord | None) -> None:
         if rec.status != "invalid" and rec.server_of is None:
             self.done_launched += 1
             if rec.total_s:
@@ -226,7 +230,7 @@ class SearchReporter:
             tag += f"(load {rec.load_level:g}) "
         params = " ".join(f"{k}={v}" for k, v in rec.params.items()) or "engine defaults"
         if rec.status == "ok":
-            s = rec.summary
+            s = rec.summary or {}
             e2e, ttft = s["e2e_ms"] or {}, s["ttft_ms"] or {}
             flag = "" if rec.feasible else Text(" (infeasible)", style="red").plain
             head = f"{self.objective}={_fmt(rec.value)}"
@@ -259,9 +263,10 @@ class SearchReporter:
         err.print(Text(f"    {line}", style=style))
         for extra in _trial_time_lines(rec):
             err.print(Text(f"    {extra}", style="dim"))
-        if rec.status == "ok" and rec.summary.get("overloaded"):
-            err.print(Text(f"    {overload_text(rec.summary['overloaded'])}", style="yellow"))
-        if rec.status == "ok" and (uneven := _uneven_replicas(rec.summary.get("server"))):
+        if rec.status == "ok" and (over := (rec.summary or {}).get("overloaded")):
+            err.print(Text(f"    {overload_text(over)}", style="yellow"))
+        if rec.status == "ok" and (uneven := _uneven_replicas(
+                (rec.summary or {}).get("server"))):
             err.print(Text(f"    {uneven}", style="yellow"))
         spec = ((rec.summary or {}).get("server") or {}).get("spec_decode")
         if rec.status == "ok" and spec:  # speculative decoding: the engine's counters
@@ -309,7 +314,7 @@ def capacity_line(cap: dict[str, Any]) -> str:
             + (f"; stopping failed probes early saved {saved:.0f} s" if saved >= 1 else ""))
 
 
-def render_search_result(res: Any) -> None:
+def render_search_result(res: TuneResult) -> None:
     if res.best is None:
         err.print(Text("no feasible configuration found", style="bold red"))
         return
@@ -318,7 +323,7 @@ def render_search_result(res: Any) -> None:
     t.add_column("baseline (defaults)")
     t.add_column(f"best (trial {res.best.number})")
     b = res.baseline.summary if res.baseline and res.baseline.summary else None
-    w = res.best.summary
+    w = res.best.summary or {}
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
         for p in ("p50", "p99"):
             t.add_row(f"{label} {p} (ms)",
@@ -367,12 +372,12 @@ def render_search_result(res: Any) -> None:
         levels = any("load" in p for p in res.pareto_front)  # --levels
         for col in ("trial", *(["load"] if levels else []), "req/s", f"{lat} ms", "params"):
             f.add_column(col)
-        for p in res.pareto_front:
-            mark = " (profile)" if p["trial"] == res.best.number else ""
-            params = (" ".join(f"{k}={v}" for k, v in p["params"].items())
+        for pt in res.pareto_front:
+            mark = " (profile)" if pt["trial"] == res.best.number else ""
+            params = (" ".join(f"{k}={v}" for k, v in pt["params"].items())
                       or "defaults")
-            load = [_fmt(p["load"])] if levels else []
-            f.add_row(f"{p['trial']}{mark}", *load, _fmt(p["throughput"]), _fmt(p[lat]),
+            load = [_fmt(pt["load"])] if levels else []
+            f.add_row(f"{pt['trial']}{mark}", *load, _fmt(pt["throughput"]), _fmt(pt[lat]),
                       params)
         out.print(f)
     if res.engines:
@@ -398,11 +403,11 @@ def render_search_result(res: Any) -> None:
         out.print(f"pruning: {res.pruning['pruned']} trials stopped early, "
                   f"~{res.pruning['measure_s_saved']:.0f} s of measurement saved")
     if res.pruning and res.pruning.get("probes"):
-        p = res.pruning
-        out.print(f"capacity: {p['probes']} probes in all; {p['below_incumbent']} config"
-                  f"{'s' if p['below_incumbent'] != 1 else ''} decided by one probe at the best "
-                  f"capacity so far; stopping failed probes early saved "
-                  f"~{p['probe_s_saved']:.0f} s")
+        pr = res.pruning
+        out.print(f"capacity: {pr['probes']} probes in all; {pr['below_incumbent']} config"
+                  f"{'s' if pr['below_incumbent'] != 1 else ''} decided by one probe at the "
+                  f"best capacity so far; stopping failed probes early saved "
+                  f"~{pr['probe_s_saved']:.0f} s")
     acc = res.memory_estimate
     if acc and (acc["launches_avoided"] or acc["launched_with_prediction"]):
         out.print(f"memory estimate: {acc['launches_avoided']} launches avoided; right for "

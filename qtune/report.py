@@ -10,7 +10,7 @@ import html
 import math
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import TrialState
@@ -24,6 +24,9 @@ from qtune.search.config import check_study_name
 from qtune.search.records import Attr, StudyAttr, TrialStatus, maximizes, ran_trials
 from qtune.search.result import summary_line, trials_frame, winner
 from qtune.search.storage import check_storage_url, open_storage
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def load_study(name: str, storage: str | None, studies_dir: Path = Path("studies")
@@ -253,8 +256,8 @@ class Row(dict[str, Any]):
         return None if isinstance(v, float) and v != v else v
 
 
-def rows(df: Any) -> list[Row]:
-    return [Row(r) for r in df.to_dict(orient="records")]
+def rows(df: pd.DataFrame) -> list[Row]:
+    return [Row({str(k): v for k, v in r.items()}) for r in df.to_dict(orient="records")]
 
 
 def _kind(r: Any, best: int | None) -> str:
@@ -294,7 +297,7 @@ def _legend(kinds: set[str]) -> str:
     return '<p class="legend">' + " &nbsp; ".join(items) + "</p>" if items else ""
 
 
-def history_svg(df: Any, objective: str, maximize: bool, unit: str = "",
+def history_svg(df: pd.DataFrame, objective: str, maximize: bool, unit: str = "",
                 best: int | None = None) -> str:
     """Each trial's objective by trial number, with the best-so-far line;
     trials without a value (pruned, failed, refused, lost) in a lane below."""
@@ -348,7 +351,7 @@ def _tradeoff_axes(objective: str) -> tuple[str, str, str, str]:
     return x, xl, "e2e_p99_ms", "e2e_p99 (ms)"
 
 
-def tradeoff_svg(df: Any, objective: str = "e2e_p99", best: int | None = None,
+def tradeoff_svg(df: pd.DataFrame, objective: str = "e2e_p99", best: int | None = None,
                  unit: str = "", steps: dict[int, list[dict[str, Any]]] | None = None
                  ) -> str:
     """Throughput against the objective's latency (Pareto points ringed); a
@@ -395,7 +398,7 @@ def probes(study: optuna.Study) -> dict[int, list[dict[str, Any]]]:
     return out
 
 
-def capacity_svg(df: Any, best: int | None = None, unit: str = "",
+def capacity_svg(df: pd.DataFrame, best: int | None = None, unit: str = "",
                  steps: dict[int, list[dict[str, Any]]] | None = None) -> str:
     """A capacity study: each trial's bracket [held, failed) as a bar, the
     load it held as a dot; a trial decided by one probe below the best so
@@ -457,7 +460,7 @@ def importance_svg(imp: dict[str, float]) -> str:
     return "\n".join(out)
 
 
-def _quality_html(study: optuna.Study, df: Any) -> str:
+def _quality_html(study: optuna.Study, df: pd.DataFrame) -> str:
     """The quality gate's section: each launched trial's figure against the
     engine defaults (qtune.quality), and the threshold."""
     if "quality" not in df:
@@ -516,7 +519,7 @@ _LEADING = ("value", "ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p99_ms", "
             "out_tok_per_s", "failed")
 
 
-def trials_table_html(df: Any, best: int | None) -> str:
+def trials_table_html(df: pd.DataFrame, best: int | None) -> str:
     """The trials: the config (params) first, then the objective and the
     key figures, then the rest; the recommended row highlighted.  In a
     horizontally scrollable box: a study has 30+ columns."""
@@ -615,7 +618,7 @@ def _fig(v: float | None, unit: str) -> str:
     return "-" if v is None else f"{_tick_text(v)} {html.escape(unit)}"
 
 
-def render_html(study: optuna.Study, url: str, df: Any, imp: dict[str, float],
+def render_html(study: optuna.Study, url: str, df: pd.DataFrame, imp: dict[str, float],
                 rec: Recommendation | None = None) -> str:
     objective = study.user_attrs.get(StudyAttr.OBJECTIVE, "value")
     maximize = maximizes(study)

@@ -42,6 +42,7 @@ from optuna.trial import TrialState
 
 from qtune.errors import InputError, StudyError, mask_url
 from qtune.host import HostFacts
+from qtune.host.installed import EngineInstall
 from qtune.search import optuna_api
 
 
@@ -136,7 +137,7 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def host_facts(host: HostFacts, install: Any) -> dict[str, str]:
+def host_facts(host: HostFacts, install: EngineInstall) -> dict[str, str]:
     """What a trial's numbers depend on beyond its config: the accelerator
     (GPU model and count, or the CPU model and its CPUs) and the engine."""
     names = sorted({g.name for g in host.gpus})

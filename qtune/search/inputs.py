@@ -15,6 +15,7 @@ from qtune.engines.base import Engine, Param, SpaceContext
 from qtune.errors import EngineError, InputError
 from qtune.files import check_target
 from qtune.host import HostFacts
+from qtune.load.workload import Workload
 from qtune.model import ModelInfo, resolve_model
 from qtune.objectives import get_objective
 from qtune.search.config import (
@@ -300,9 +301,8 @@ def _default_study_name(model: ModelInfo, cfg: TuneConfig, host: HostFacts) -> s
     return check_study_name(name or "study", "study name")
 
 
-def at_load(wl: Any, value: float | None) -> Any:
-    import dataclasses
-
+def at_load(wl: Workload, value: float | None) -> Workload:
+    """``wl`` at another load: streams in a closed loop, else req/s."""
     if value is None:
         return wl
     if wl.concurrency is not None:

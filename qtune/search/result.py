@@ -7,7 +7,7 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -33,6 +33,9 @@ from qtune.search.records import (
     maximizes,
     ran_trials,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -213,7 +216,7 @@ def _front_view(front: list[TrialRecord], latency: str) -> list[dict[str, Any]]:
             for r in front]
 
 
-def trials_frame(study: optuna.Study) -> Any:
+def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """The trials as a table: the CSV next to the study and `qtune report`'s."""
     import pandas as pd
 

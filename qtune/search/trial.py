@@ -13,9 +13,13 @@ import optuna
 from optuna.trial import TrialState
 
 from qtune import seeds
+from qtune.bench import BenchConfig
 from qtune.capacity import CapacityPlan, CapacityResult
 from qtune.engines import trial_spec
 from qtune.errors import ServerError
+from qtune.estimate import Estimate
+from qtune.launch import LaunchSpec
+from qtune.load.workload import Workload
 from qtune.measure import Measurement, ServerDied, interleaved, measure_load, measure_server
 from qtune.metrics import metric_value
 from qtune.objectives import get_objective
@@ -63,7 +67,7 @@ def refuse(study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], rea
                                    detail=detail), reporter)
 
 
-def estimate_memory(prep: Prepared, params: dict[str, Any]) -> Any:
+def estimate_memory(prep: Prepared, params: dict[str, Any]) -> Estimate | None:
     try:
         return prep.engine.estimate(params, prep.ctx)
     except (KeyError, ValueError, TypeError, ZeroDivisionError):
@@ -302,10 +306,8 @@ def _values(prep: Prepared, summary: dict[str, Any]) -> list[float]:
     return [value]
 
 
-def bench_config(prep: Prepared, spec: Any, wl: Any) -> Any:
+def bench_config(prep: Prepared, spec: LaunchSpec, wl: Workload) -> BenchConfig:
     """How a trial measures ``wl`` on the server of ``spec``."""
-    from qtune.bench import BenchConfig
-
     return BenchConfig(urls=[spec.base_url], workload=wl, model=spec.served_model,
                        tokenizer=prep.ctx.model.tokenizer_dir, slo=prep.cfg.slo,
                        metric_names=prep.engine.metric_names(),
