@@ -251,6 +251,14 @@ def placement(facts: HostFacts, n_gpus: int = 1) -> dict[str, Any]:
 
 
 def findings(facts: HostFacts) -> list[Finding]:
+    """What on this host hurts serving, each with its fix (the engines'
+    own findings are added by ``qtune.engines.probe_host``)."""
+    return [*_kernel_findings(facts), *_gpu_findings(facts), *_engine_findings(facts),
+            *_limit_findings(facts)]
+
+
+def _kernel_findings(facts: HostFacts) -> list[Finding]:
+    """Transparent huge pages, the CPU governor, isolated CPUs."""
     out: list[Finding] = []
     thp = facts.thp
     if thp.defrag == "always":
@@ -296,6 +304,12 @@ def findings(facts: HostFacts) -> list[Finding]:
                 "bind the server to them explicitly, or they stay idle",
             )
         )
+    return out
+
+
+def _gpu_findings(facts: HostFacts) -> list[Finding]:
+    """Each GPU: its NUMA node against the binding, its PCIe link, persistence mode."""
+    out: list[Finding] = []
     bind = cpu_binding(facts)
     for g in facts.gpus:
         node_id = gpu_numa_node(facts, g)
@@ -333,6 +347,12 @@ def findings(facts: HostFacts) -> list[Finding]:
                     "nvidia-smi -pm 1  (or enable nvidia-persistenced)",
                 )
             )
+    return out
+
+
+def _engine_findings(facts: HostFacts) -> list[Finding]:
+    """What the GPUs' communication and the engines found say."""
+    out: list[Finding] = []
     if len(facts.gpus) > 1 and facts.multicast_forbidden:
         off = ", ".join(f"{k}={v}" for k, v in facts.comm_env.items() if k in NO_MULTICAST)
         out.append(
@@ -359,6 +379,12 @@ def findings(facts: HostFacts) -> list[Finding]:
                 "--engine-python /path/to/engine/venv/bin/python",
             )
         )
+    return out
+
+
+def _limit_findings(facts: HostFacts) -> list[Finding]:
+    """The open-files limit and the memory available now."""
+    out: list[Finding] = []
     if facts.nofile_limit is not None and facts.nofile_limit < 65536:
         out.append(
             Finding(
