@@ -187,7 +187,7 @@ def test_workload_options_declared_once():
 
 
 def test_load_options_file_then_flags_then_workload_defaults(tmp_path):
-    from qtune.cli import LoadOptions
+    from qtune.cli_options import LoadOptions
     from qtune.load.workload import Workload
 
     assert LoadOptions().workload() == Workload()

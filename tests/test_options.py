@@ -9,7 +9,7 @@ import dataclasses
 import typer
 from typer.testing import CliRunner
 
-from qtune.cli import with_option_groups
+from qtune.cli_options import with_option_groups
 from qtune.options import (
     GROUPS,
     CapacitySearch,
