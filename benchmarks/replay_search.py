@@ -17,7 +17,7 @@ counts them: the engine defaults are the first):
 - ``tpe``: qtune's default sampler, no confirmation; hands back the best
   single measurement.
 - ``tpe+confirm``: qtune search as a user runs it: TPE and the top-K
-  confirmation (``TuneConfig``'s ``confirm_top`` x ``confirm_repeats`` fresh
+  confirmation (``TuneConfig``'s ``confirm.top`` x ``confirm.repeats`` fresh
   starts, the defaults re-measured with them), whose launches come out of
   the same budget: --trials is the most that leaves room for them.
 - ``tpe+cKxR``: the same with the top K confirmed R times each (the

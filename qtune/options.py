@@ -175,7 +175,10 @@ def cli_name(f: Any) -> str:
 def grouped(flat: dict[str, Any]) -> dict[str, Any]:
     """``flat`` with each group's options, named as on the command line
     (``confirm_top=0``), gathered into its group: TuneConfig's keyword
-    arguments for a script that speaks in flags.  Other keys stay."""
+    arguments for a script that speaks in flags.  Other keys stay.  As on
+    the command line, a confirmation size given is a fixed one; and a group
+    built here replaces the whole group (in ``dataclasses.replace`` too:
+    its other fields take their defaults)."""
     out = dict(flat)
     for key, group in GROUPS.items():
         given = {f.name: out.pop(cli_name(f)) for f in cli_fields(group)

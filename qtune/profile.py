@@ -211,7 +211,7 @@ Name = Annotated[str, _pattern(_NAME, "must be letters, digits, '.', '_' or '-' 
 Word = Annotated[str, _pattern(_WORD, "must be letters, digits, '.', '_', '+' or '-'")]
 Finite = Annotated[float, AfterValidator(_finite)]
 Size = Annotated[int, Field(ge=1, le=1024)]
-_SIZE: TypeAdapter[int] = TypeAdapter(Size)
+_SIZE: TypeAdapter[int] = TypeAdapter(Size, config=ConfigDict(strict=True))
 
 
 class _Strict(BaseModel):

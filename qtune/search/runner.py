@@ -524,6 +524,12 @@ def _run_unsampled(prep: Prepared, study: optuna.Study, reporter: Reporter,
     if note:
         reporter.note(f"trial {trial.number}: {note}")
     with _beating(prep, study, trial, reporter):
+        if violations := prep.engine.check(params, prep.ctx):
+            # The engine defaults with what --space fixes, which the engine
+            # would refuse at start (an fp8 KV cache on a CPU without
+            # AVX-512): refused here as a sampled config would be.
+            refuse(study, trial, params, "invalid_config", "; ".join(violations), reporter)
+            return
         est = estimate_memory(prep, params)
         if est is not None:
             trial.set_user_attr(Attr.MEMORY_ESTIMATE, est.as_dict())

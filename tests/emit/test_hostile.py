@@ -152,6 +152,11 @@ REFUSED: list[tuple[str, str, Callable[[dict[str, Any]], None], str, str | None]
      "params.tp_size", None),
     ("tgi-shards-zero", "kubernetes", on("tgi", "params.num_shard", 0),
      "params.num_shard", None),
+    # strict, as every profile field: a text or a flag is no count
+    ("tp-text", "compose", at("params.tensor_parallel_size", "2"),
+     "params.tensor_parallel_size", None),
+    ("tgi-shards-bool", "systemd", on("tgi", "params.num_shard", True),
+     "params.num_shard", None),
     ("model-id-number", "systemd", at("model.id", 5), "model.id", None),
     ("engine-version-dollar", "compose", at("engine.version", "0.32.0$X"),
      "engine.version", None),

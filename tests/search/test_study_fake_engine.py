@@ -471,6 +471,21 @@ def test_defaults_predicted_not_to_fit_are_refused_without_a_launch(fake, monkey
     assert [t.status for t in res.trials if t.baseline] == ["invalid", "ok"]
 
 
+def test_defaults_the_engine_refuses_are_not_launched(fake, tmp_path):
+    """--space fixes a value the engine's own check refuses (here slots 8;
+    on the CPU build, an fp8 KV cache without AVX-512): the defaults' trial
+    is refused as a sampled config would be, with the reason, not started."""
+    space = tmp_path / "space.yaml"
+    space.write_text("slots: 8\n")
+    res = tune(dataclasses.replace(fake, space_file=space, trials=2, study="refused",
+                                   confirm=Confirmation(top=0)))
+    base = [t for t in res.trials if t.baseline]
+    assert len(base) == 1 and base[0].status == "invalid"
+    assert base[0].reason == "invalid_config" and "slots > 6" in base[0].detail
+    assert base[0].startup_s is None and not base[0].argv  # no launch
+    assert res.best is None
+
+
 def test_the_anchor_needs_a_clear_margin_over_the_defaults():
     """One run each: a seed within the run-to-run spread of the defaults does
     not anchor the design; a defaults run that never completed cannot be beaten,
