@@ -288,6 +288,9 @@ def recommend(study: optuna.Study) -> Recommendation:
         interval = (float(lo), None if hi is None else float(hi))
     elif baseline is not None:
         interval = gain_interval(study, best, baseline, obj.direction == "maximize")
+    basis = str(pair.get("basis", "one run each"))
+    if interval is None and "confirmation" in basis:
+        basis += ": one fresh run each, too few for an interval (--confirm-repeats 2)"
     why = _not_confirmed_why(study, best, baseline, pair)
     unit = unit_of(objective, workload)
     cap = (best.summary or {}).get("capacity") or {}
@@ -303,7 +306,7 @@ def recommend(study: optuna.Study) -> Recommendation:
     decided = "; on its fresh start" + ("s" if len(runs) > 1 else "") + ": " + \
         " / ".join(runs) if runs else ""
     figure = Figure(obj.run_metric if obj.name != "capacity" else "capacity", unit,
-                    w, b, ratio, str(pair.get("basis", "one run each")), interval,
+                    w, b, ratio, basis, interval,
                     why is None, why, bracket,
                     (str(cap["decided"]) + decided) if cap.get("decided") else None)
     flags = launch_flags(best)

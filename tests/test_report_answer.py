@@ -309,3 +309,25 @@ def test_a_winner_confirmed_without_the_defaults_beside_it_is_not_a_confirmed_ga
     assert rec["trial"] == 1 and rec["figure"]["best"] == 2400.0
     assert not rec["figure"]["confirmed"]
     assert "not re-measured beside it" in rec["figure"]["why_not_confirmed"]
+
+
+def test_one_fresh_run_a_side_is_no_interval():
+    """The quickstart confirms with one fresh run each: a range of one value
+    is no interval, so none is printed ([1.25, 1.25] was); two runs a side
+    give one."""
+    import optuna
+
+    from qtune.search.records import StudyAttr, TrialRecord, TrialStatus
+    from qtune.search.result import gain_interval
+
+    study = optuna.create_study()
+    best, base = (TrialRecord(n, {}, TrialStatus.OK) for n in (1, 0))
+    study.set_user_attr(StudyAttr.CONFIRMATION, {
+        "1": {"median": 1732.3, "fresh": [1732.3], "values": [1732.3]},
+        "0": {"median": 2164.7, "fresh": [2164.7], "values": [2164.7]}})
+    assert gain_interval(study, best, base, maximize=False) is None
+    study.set_user_attr(StudyAttr.CONFIRMATION, {
+        "1": {"median": 1750.0, "fresh": [1700.0, 1800.0]},
+        "0": {"median": 2150.0, "fresh": [2100.0, 2200.0]}})
+    lo, hi = gain_interval(study, best, base, maximize=False)
+    assert lo == pytest.approx(2100 / 1800) and hi == pytest.approx(2200 / 1700)

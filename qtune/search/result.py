@@ -349,12 +349,23 @@ def _bracket(conf: dict[str, Any]) -> tuple[float, float] | None:
     return float(b[0]), float("inf") if b[1] is None else float(b[1])
 
 
-def _spread(conf: dict[str, Any]) -> tuple[float, float]:
+def _range(conf: dict[str, Any]) -> tuple[float, float]:
+    """A confirmed config's 95% interval, else the range of its fresh runs
+    (one value from one run)."""
     if conf.get("ci95"):
         lo, hi = conf["ci95"]
         return float(lo), float(hi)
     vals = conf.get("fresh") or conf.get("values") or [conf["median"]]
     return float(min(vals)), float(max(vals))
+
+
+def _spread(conf: dict[str, Any]) -> tuple[float, float] | None:
+    """``_range``, but None from one run: a range of one value is no
+    interval (the quickstart printed [1.25, 1.25] from one fresh run a side)."""
+    if conf.get("ci95"):
+        return _range(conf)
+    vals = conf.get("fresh") or conf.get("values") or [conf["median"]]
+    return _range(conf) if len(vals) >= 2 else None
 
 
 def gain_interval(study: optuna.Study, best: TrialRecord, baseline: TrialRecord,
@@ -366,7 +377,10 @@ def gain_interval(study: optuna.Study, best: TrialRecord, baseline: TrialRecord,
     w, b = conf.get(str(best.number)), conf.get(str(baseline.number))
     if not w or not b or best.number == baseline.number:
         return None
-    (wl, wh), (bl, bh) = _spread(w), _spread(b)
+    ws, bs = _spread(w), _spread(b)
+    if ws is None or bs is None:
+        return None
+    (wl, wh), (bl, bh) = ws, bs
     if min(wl, wh, bl, bh) <= 0:
         return None
     return (wl / bh, wh / bl) if maximize else (bl / wh, bh / wl)
@@ -397,7 +411,7 @@ def objective_pair(study: optuna.Study, best: TrialRecord,
             # Overlapping intervals (or, under 3 runs, ranges): the gain is
             # within this host's noise (seen on CPU: 1.05x here, then
             # 1.00x [0.87, 1.32] in verify).
-            (wl, wh), (bl, bh) = _spread(w), _spread(b)
+            (wl, wh), (bl, bh) = _range(w), _range(b)
             out["separated"] = bool(wh < bl or bh < wl)
         return out
     if str(best.number) in conf:
