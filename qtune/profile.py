@@ -32,7 +32,6 @@ import math
 import posixpath
 import re
 import unicodedata
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -160,8 +159,7 @@ def _check_strings(value: object, where: tuple[object, ...], depth: int = 0) -> 
                     "numbers, lists and mappings")
 
 
-def _schema(model: type[BaseModel],
-            extra: Callable[[dict[str, Any]], None] | None = None) -> AfterValidator:
+def _schema(model: type[BaseModel]) -> AfterValidator:
     """Validate a free-form mapping's known parts with ``model`` and keep the
     mapping itself (callers read it as a dict).  The error keeps the inner
     location: ``placement.cpus``, not ``placement``."""
@@ -176,8 +174,6 @@ def _schema(model: type[BaseModel],
                 ctx = e.get("ctx") or {}
                 raise _fail((*e["loc"], *ctx["where"]), ctx["what"], ctx["hint"]) from None
             raise _fail(tuple(e["loc"]), e["msg"]) from None
-        if extra:
-            extra(v)
         return v
     return AfterValidator(run)
 
