@@ -369,7 +369,8 @@ class VLLM(Engine):
             kv = float(raw) if raw is not None else None
         except ValueError:
             kv = None
-        if kv is not None and math.isfinite(kv) and 0 <= kv <= 1e6:
+        # 0 (vLLM's own default value) sizes from the node, as unset does
+        if kv is not None and math.isfinite(kv) and 0 < kv < 1e6:
             return kv, f"{kv:g} GiB KV cache ({_KV_SPACE})"
         if host_gib is None:
             return 4.0, f"4 GiB KV cache (a guess: set {_KV_SPACE})"

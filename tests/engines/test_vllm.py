@@ -448,3 +448,16 @@ def test_memory_asks_only_for_an_over_request():
     small = v.classify("ValueError: To serve at least one request with the model's "
                        "max seq len (40960), (5.62 GiB KV cache is needed, ...\n")
     assert small.reason == "oom" and v.memory_asks(small.detail) == ()
+
+
+def test_the_cpu_cache_memory_is_vllms():
+    """VLLM_CPU_KVCACHE_SPACE in GiB; unset or 0 (vLLM's own default value),
+    0.92 of the memory the server runs on; not a figure, the same."""
+    v = VLLM()
+    assert v.cpu_cache_memory({"VLLM_CPU_KVCACHE_SPACE": "40"}, 100.0) == (
+        40.0, "40 GiB KV cache (VLLM_CPU_KVCACHE_SPACE)")
+    for env in ({}, {"VLLM_CPU_KVCACHE_SPACE": "0"}, {"VLLM_CPU_KVCACHE_SPACE": "x"},
+                {"VLLM_CPU_KVCACHE_SPACE": "inf"}):
+        kv, why = v.cpu_cache_memory(env, 100.0)
+        assert kv == pytest.approx(92.0) and "0.92" in why, env
+    assert v.cpu_cache_memory({}, None)[0] == 4.0  # the memory not known: a guess
