@@ -21,7 +21,13 @@ from qtune.errors import InputError
 from qtune.objectives import Objective, get_objective, parse_slo
 from qtune.quality import Quality
 from qtune.search.records import StudyAttr, TrialRecord, maximizes, ran_trials
-from qtune.search.result import baseline_for, gain_interval, objective_pair, winner
+from qtune.search.result import (
+    baseline_for,
+    gain_interval,
+    objective_pair,
+    one_run_a_side,
+    winner,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,7 +295,7 @@ def recommend(study: optuna.Study) -> Recommendation:
     elif baseline is not None:
         interval = gain_interval(study, best, baseline, obj.direction == "maximize")
     basis = str(pair.get("basis", "one run each"))
-    if interval is None and "confirmation" in basis:
+    if interval is None and baseline is not None and one_run_a_side(study, best, baseline):
         basis += ": one fresh run each, too few for an interval (--confirm-repeats 2)"
     why = _not_confirmed_why(study, best, baseline, pair)
     unit = unit_of(objective, workload)

@@ -318,7 +318,7 @@ def test_one_fresh_run_a_side_is_no_interval():
     import optuna
 
     from qtune.search.records import StudyAttr, TrialRecord, TrialStatus
-    from qtune.search.result import gain_interval
+    from qtune.search.result import gain_interval, one_run_a_side
 
     study = optuna.create_study()
     best, base = (TrialRecord(n, {}, TrialStatus.OK) for n in (1, 0))
@@ -326,8 +326,14 @@ def test_one_fresh_run_a_side_is_no_interval():
         "1": {"median": 1732.3, "fresh": [1732.3], "values": [1732.3]},
         "0": {"median": 2164.7, "fresh": [2164.7], "values": [2164.7]}})
     assert gain_interval(study, best, base, maximize=False) is None
+    assert one_run_a_side(study, best, base)
+    # the defaults not confirmed, or the winner the defaults: no interval
+    # either, and not for having one run a side
+    assert not one_run_a_side(study, best, TrialRecord(2, {}, TrialStatus.OK))
+    assert not one_run_a_side(study, base, base)
     study.set_user_attr(StudyAttr.CONFIRMATION, {
         "1": {"median": 1750.0, "fresh": [1700.0, 1800.0]},
         "0": {"median": 2150.0, "fresh": [2100.0, 2200.0]}})
     lo, hi = gain_interval(study, best, base, maximize=False)
     assert lo == pytest.approx(2100 / 1800) and hi == pytest.approx(2200 / 1700)
+    assert not one_run_a_side(study, best, base)

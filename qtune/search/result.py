@@ -349,23 +349,35 @@ def _bracket(conf: dict[str, Any]) -> tuple[float, float] | None:
     return float(b[0]), float("inf") if b[1] is None else float(b[1])
 
 
+def _runs(conf: dict[str, Any]) -> list[float]:
+    """A confirmed config's fresh runs (its median alone when none is kept)."""
+    return [float(v) for v in conf.get("fresh") or conf.get("values") or [conf["median"]]]
+
+
 def _range(conf: dict[str, Any]) -> tuple[float, float]:
     """A confirmed config's 95% interval, else the range of its fresh runs
     (one value from one run)."""
     if conf.get("ci95"):
         lo, hi = conf["ci95"]
         return float(lo), float(hi)
-    vals = conf.get("fresh") or conf.get("values") or [conf["median"]]
-    return float(min(vals)), float(max(vals))
+    runs = _runs(conf)
+    return min(runs), max(runs)
 
 
 def _spread(conf: dict[str, Any]) -> tuple[float, float] | None:
     """``_range``, but None from one run: a range of one value is no
     interval (the quickstart printed [1.25, 1.25] from one fresh run a side)."""
-    if conf.get("ci95"):
-        return _range(conf)
-    vals = conf.get("fresh") or conf.get("values") or [conf["median"]]
-    return _range(conf) if len(vals) >= 2 else None
+    return _range(conf) if conf.get("ci95") or len(_runs(conf)) >= 2 else None
+
+
+def one_run_a_side(study: optuna.Study, best: TrialRecord, baseline: TrialRecord) -> bool:
+    """Whether the winner and the defaults were both confirmed, but one of
+    them on a single fresh run: their gain has no interval."""
+    conf = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
+    w, b = conf.get(str(best.number)), conf.get(str(baseline.number))
+    if not w or not b or best.number == baseline.number:
+        return False
+    return _spread(w) is None or _spread(b) is None
 
 
 def gain_interval(study: optuna.Study, best: TrialRecord, baseline: TrialRecord,
