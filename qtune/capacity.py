@@ -34,8 +34,8 @@ no floor, no early stop), kept to measure the fast one against
 (``benchmarks/capacity_fast_vs_full.py``).
 
 ``CapacityPlan(confirm=True)`` is the confirmation's probe: one sustained
-probe at a capacity found earlier, on a fresh start, and when it does not
-hold, one at the plan's ``fallback`` on the same start.
+probe (twice the window) at a capacity found earlier, on a fresh start, and
+when it does not hold, one at the plan's ``fallback`` on the same start.
 """
 
 from __future__ import annotations
@@ -61,6 +61,14 @@ Progress = Callable[[str], None]
 # median of the first probe): long enough for a 10% overload's backlog to
 # add a third to what the server holds.
 WINDOW_SERVICE_TIMES = 10
+# A load is an answer only once it held over this many windows: the answer's
+# re-measure in a trial and the confirmation's probe on a fresh start.  Near
+# the knee one window passes by luck: on one H200 (runs 15 and 16) the
+# defaults held 26.4 req/s over one window in their search and again on a
+# fresh start, and vLLM's own client broke the SLO there over twice the
+# window (TPOT p99 20.9 ms, then 30.7 ms, against 20; 160-187 requests in
+# flight against 122-142 in the one-window probes).
+SUSTAINED_WINDOWS = 2.0
 # How far above a load that held the next probe goes, by the held probe's
 # headroom (its worst SLO percentile over its limit): far below the limits,
 # double; closer, half as far again; near them, a quarter.  A config that
@@ -111,7 +119,7 @@ class CapacityPlan:
     ``start``: the first load without a floor (the workload's rate or stream
     count).  ``floor``: the incumbent's capacity, probed first over
     ``window_s`` (its window), so that a config that cannot beat it costs one
-    probe.  ``confirm``: probe ``floor`` once over twice the window and stop
+    probe.  ``confirm``: probe ``floor`` once over ``SUSTAINED_WINDOWS`` and stop
     (the confirmation of a capacity found earlier, on a fresh start)."""
 
     start: float
@@ -308,7 +316,8 @@ class CapacityResult:
         out["saved_s"] = round(self.saved_s, 3)
         out["window_s"] = self.window_s
         out["service_s"] = self.service_s
-        out["remeasure_window_s"] = 2 * self.window_s if self.window_s else None
+        out["remeasure_window_s"] = (SUSTAINED_WINDOWS * self.window_s if self.window_s
+                                     else None)
         return out
 
 
@@ -548,7 +557,7 @@ class _Search:
                 return self.timed_out(lo, hi)
             return self.held_once(lo, hi, "not re-measured in the trial: the "
                                   "confirmation measures it again on a fresh start")
-        if self.out_of_time(scale=2.0):
+        if self.out_of_time(scale=SUSTAINED_WINDOWS):
             return self.timed_out(lo, hi)
         return self.remeasure(lo, hi)
 
@@ -565,9 +574,9 @@ class _Search:
         tolerance."""
         last: Probe | None = None
         for attempt in range(5):
-            if attempt and self.out_of_time(scale=2.0):
+            if attempt and self.out_of_time(scale=SUSTAINED_WINDOWS):
                 return self.timed_out(self.b.held_below(hi), hi)
-            if self.probe(lo, scale=2.0):
+            if self.probe(lo, scale=SUSTAINED_WINDOWS):
                 last = self.b.probes[-1]
                 break
             hi = lo
@@ -600,14 +609,15 @@ class _Search:
                            decided=decided)
 
     def confirm(self) -> CapacityResult:
-        """One sustained probe at a capacity found before, over the probe
-        window (ten service times at least), with fresh prompts: held or
-        not, nothing searched.  The search re-measured its answer over twice
-        the window because it picked that load out of several probes (a lucky
-        pass); a fresh start is an independent run, so one window decides."""
+        """One sustained probe at a capacity found before, on a fresh start,
+        over twice the window (``SUSTAINED_WINDOWS``) with fresh prompts: held
+        or not, nothing searched.  A fresh start is an independent run, but
+        one window is not long enough near the knee: on one H200 (run 16) the
+        defaults held 26.4 req/s over one window on their fresh start, and
+        vLLM's own client broke the SLO there over two."""
         x = self.plan.floor
         assert x is not None  # CapacityPlan checks it
-        held = self.probe(x)
+        held = self.probe(x, scale=SUSTAINED_WINDOWS)
         last = self.b.probes[-1]
         if held:
             return self.result(found=True, value=x, at_value=last, bracket=(x, None),
@@ -615,7 +625,7 @@ class _Search:
                                f"({last.requests} requests)")
         failed = f"{x:g} {self.unit} did not hold on a fresh start: {last.why}"
         fb = self.plan.fallback
-        if fb is not None and self.probe(fb):
+        if fb is not None and self.probe(fb, scale=SUSTAINED_WINDOWS):
             at = self.b.probes[-1]
             return self.result(found=True, value=fb, at_value=at, bracket=(fb, x),
                                decided=f"{failed}; {fb:g} {self.unit} held "

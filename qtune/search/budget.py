@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import optuna
 
+from qtune.capacity import SUSTAINED_WINDOWS
 from qtune.search.config import TuneConfig
 from qtune.search.records import BELOW, Attr, TrialStatus
 
@@ -64,8 +65,15 @@ class Costs:
 
     @property
     def confirm_run_s(self) -> float:
-        """One confirmation run: a fresh start and one measurement."""
-        return self.start_s + self.run_s
+        """One confirmation run: a fresh start and one measurement (for a
+        capacity, one probe over ``SUSTAINED_WINDOWS``)."""
+        return self.start_s + self.confirm_probe_s
+
+    @property
+    def confirm_probe_s(self) -> float:
+        """A confirmation's one measurement: a capacity's is a probe over
+        ``SUSTAINED_WINDOWS`` windows, priced at that many typical probes."""
+        return SUSTAINED_WINDOWS * self.run_s if self.capacity else self.run_s
 
     @property
     def fallback_s(self) -> float:
@@ -75,7 +83,7 @@ class Costs:
         repeat is the confirmation of a real gain: the defaults, challenged
         at the winner's load on each fresh start, fail it and fall back to
         their own capacity."""
-        return self.run_s if self.capacity else 0.0
+        return self.confirm_probe_s if self.capacity else 0.0
 
 
 @dataclass(frozen=True)
@@ -138,7 +146,7 @@ def costs(study: optuna.Study) -> Costs:
         # 60-120 s.  Half of it, but not less than a minute, until a second
         # start is measured.
         start = min(_median(starts), max(60.0, FIRST_START_SHARE * _median(starts)))
-    # a capacity's confirmation is one probe of the search's window
+    # a capacity's typical probe: its confirmation runs SUSTAINED_WINDOWS of them
     run = _median(probes) if probes else _median(runs)
     trial = _median(totals) if totals else \
         start + (2 * _median(probes) if probes else run)

@@ -40,7 +40,9 @@ def test_costs_leave_the_cold_first_start_out():
     st = _study([(480, 200, 60), (130, 70, 58), (150, 80, 62)])
     c = costs(st)
     assert c.start_s == 75 and c.trial_s == 140 and c.run_s == 40  # one probe's window
-    assert c.confirm_run_s == 115 and c.fallback_s == 40  # one probe's window
+    # a confirmation's probe (and its fallback rung) lasts two windows: one
+    # window held by luck near the knee (run 16 on one H200)
+    assert c.confirm_run_s == 75 + 2 * 40 and c.fallback_s == 2 * 40
 
 
 def test_before_any_trial_after_the_defaults_a_trial_is_a_start_and_two_probes():
@@ -56,13 +58,17 @@ def test_before_any_trial_after_the_defaults_a_trial_is_a_start_and_two_probes()
 def test_the_confirmation_is_sized_to_the_budget():
     """H200, issue 27: a 20-minute budget, starts of ~75 s and a confirmation
     probe of ~40 s: the defaults' 3 x 2 plan (8 fresh starts, 15 min) cannot
-    fit; the best config and the defaults once each (4.5 min) do."""
+    fit; the best config and the defaults once each, the smallest plan, is
+    taken (6.5 min: each fresh start's probe and the fallback rung last two
+    windows)."""
     st = _study([(480, 200, 60), (130, 70, 58), (150, 80, 62)])
     cfg = TuneConfig(time_budget=20 * 60)
     p = plan_confirmation(cfg, st, "maximize", with_contenders(2))
     # two fresh starts and one fallback rung (the defaults failing the winner's load)
-    assert (p.top, p.repeats) == (1, 1) and p.seconds == 2 * 115 + 40
-    assert p.seconds <= CONFIRM_SHARE * cfg.time_budget and "sized to the time budget" in p.why
+    assert (p.top, p.repeats) == (1, 1) and p.seconds == 2 * (75 + 80) + 80
+    assert "sized to the time budget" in p.why
+    # (the smallest plan is kept even above the share: no answer is unconfirmed)
+    assert p.seconds > CONFIRM_SHARE * cfg.time_budget
     # a budget large enough keeps the flags' size
     big = plan_confirmation(TuneConfig(time_budget=4 * 3600), st, "maximize", with_contenders(2))
     assert (big.top, big.repeats, big.why) == (3, 2, "")
@@ -82,10 +88,10 @@ def test_the_search_stops_early_enough_to_pay_the_confirmation():
     cfg = TuneConfig(time_budget=20 * 60)
     plan = plan_confirmation(cfg, st, "maximize", with_contenders(2))
     now = time.monotonic()
-    # 12 minutes in: a trial (140 s) and the reserve (270 s) still fit in 8
-    assert over_budget(cfg, st, now - 12 * 60, plan) is None
-    # 14.5 minutes in: they do not (410 s > 330 s)
-    why = over_budget(cfg, st, now - 14.5 * 60, plan)
+    # 10 minutes in: a trial (140 s) and the reserve (390 s) still fit in 10
+    assert over_budget(cfg, st, now - 10 * 60, plan) is None
+    # 12.5 minutes in: they do not (530 s > 450 s)
+    why = over_budget(cfg, st, now - 12.5 * 60, plan)
     assert why is not None and "kept for the confirmation" in why
     assert over_budget(TuneConfig(), st, now - 10**6, plan) is None  # no budget
 
@@ -103,9 +109,9 @@ def test_a_capacity_launch_is_priced_as_a_loser_and_its_search_ends_in_time():
     assert c.capacity and c.next_s == c.start_s + c.run_s == 98 + 40
     cfg = TuneConfig(time_budget=1200)
     reserve = plan_confirmation(cfg, st, "maximize", with_contenders(1))
-    assert reserve.seconds == 2 * (98 + 40) + 40
-    started = time.monotonic() - 740
-    assert over_budget(cfg, st, started, reserve) is None  # 138 + 316 <= 460
+    assert reserve.seconds == 2 * (98 + 2 * 40) + 2 * 40
+    started = time.monotonic() - 600
+    assert over_budget(cfg, st, started, reserve) is None  # 138 + 436 <= 600
     budget = trial_budget(cfg, started, reserve)
     assert budget is not None and budget.confirmed_later
     assert abs(budget.deadline - (started + 1200 - reserve.seconds)) < 1e-6
@@ -140,7 +146,7 @@ def test_the_gate_prices_a_loser_at_its_floor_probe():
     assert c.floor_probe_s == 22.0 and c.run_s == 40.0
     assert c.next_s == c.start_s + 22.0
     # the confirmation still pays whole windows: a loser's probe is no price
-    assert c.confirm_run_s == c.start_s + 40.0
+    assert c.confirm_run_s == c.start_s + 2 * 40.0
     # run 15 on one H200: three losers (starts 89-97 s, probes 15-27 s)
     # after a cold defaults' trial were priced 2.2 min with a 37 s window
     # probe; at a start and the longest floor probe they are 2.0 min

@@ -39,8 +39,11 @@ $PY -m qtune search --model examples/qwen3-4b --input-len 1024 --output-len 256 
   --storage journal:///tmp/qt/study.log --study h200-trialcost --out $Q/h200-trialcost.yaml \
   --json > $Q/search.json 2> $Q/search.err
 echo "search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
-# where a fresh machine's one-time first-start costs (kernel JIT) are kept
-du -sh ~/.cache/* ~/.triton /tmp/qrepo/studies/*/cache* 2>/dev/null >> $Q/chain.log
+# where a fresh machine's one-time first-start costs (kernel JIT) are kept; the
+# Triton cache (vLLM 0.26's V2 runner JIT-compiles its kernels on a first start: 118 s
+# in run 15) is kept for a later session to carry, as a host that has run vLLM has it
+du -sh ~/.cache/* ~/.triton /tmp/qrepo/studies/*/cache* >> $Q/chain.log 2>&1
+tar czf /tmp/jit-cache.tgz -C ~ .triton 2>/dev/null; ls -la /tmp/jit-cache.tgz >> $Q/chain.log 2>&1
 for f in systemd compose kubernetes; do
   $PY -m qtune emit $Q/h200-trialcost.yaml --format $f -o $Q/emit-$f > $Q/emit-$f.out 2>&1
   echo "emit $f rc=$?" >> $Q/chain.log
@@ -64,6 +67,7 @@ esac
 wait_chain
 for f in h200-trialcost.yaml search.json crosscheck.json report.txt; do
   [ -f $Q/$f ] && cp $Q/$f $OUT/; done
+[ -f /tmp/jit-cache.tgz ] && cp /tmp/jit-cache.tgz $OUT/
 cat $Q/search.err $Q/emit-*.out $Q/chain.out $Q/crosscheck.log 2>/dev/null > $OUT/console.txt
 tar czf $OUT/run.tgz -C /tmp/qrepo studies -C $Q --exclude='./*.jsonl' . 2>/dev/null
 tail -c 3500 $Q/search.err 2>/dev/null; tail -c 1500 $Q/crosscheck.log 2>/dev/null
