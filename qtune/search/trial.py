@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -98,6 +99,16 @@ def run_trial(
         raise
 
 
+@dataclasses.dataclass
+class _Launched:
+    """A trial's server measured: its measurement, the ``--levels`` points
+    taken on it below the study's load, and its quality (when scored)."""
+
+    m: Measurement
+    lower: list[tuple[float, Measurement]]
+    quality: Quality | None
+
+
 def _run_trial_inner(
     prep: Prepared,
     study: optuna.Study,
@@ -108,20 +119,38 @@ def _run_trial_inner(
 ) -> list[tuple[float, Measurement]]:
     """Launch, measure, tell.  Returns the --levels points measured on this
     server below the study's load, for the caller to add as trials."""
-    cfg = prep.cfg
     n = trial.number
-    baseline = bool(trial.user_attrs.get(Attr.BASELINE))
-    lower: list[tuple[float, Measurement]] = []
-    quality: list[Quality] = []  # set on the server after its measurement
     t0 = time.monotonic()
     log_path = prep.study_dir / f"trial-{n:03d}.log"
-    rec = TrialRecord(n, params, TrialStatus.OK, baseline=baseline, log=str(log_path))
+    rec = TrialRecord(n, params, TrialStatus.OK,
+                      baseline=bool(trial.user_attrs.get(Attr.BASELINE)), log=str(log_path))
+    launched = _launch(prep, study, trial, params, rec, log_path, reporter, budget)
+    rec.total_s = time.monotonic() - t0
+    if launched is None:
+        tell(study, trial, rec, reporter)
+        return []  # a server that died: its lower levels are not kept either
+    _tell_measured(prep, study, trial, rec, launched, reporter)
+    below = launched.m.capacity_result is not None \
+        and launched.m.capacity_result.below is not None
+    return [] if below else launched.lower
+
+
+def _launch(prep: Prepared, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any],
+            rec: TrialRecord, log_path: Path, reporter: Reporter,
+            budget: TrialBudget | None) -> _Launched | None:
+    """Start the config's server and measure it (an infrastructure fault is
+    retried on a new port).  None: it failed to start or under load, with
+    why in ``rec``."""
+    cfg = prep.cfg
+    n = trial.number
+    lower: list[tuple[float, Measurement]] = []
+    quality: list[Quality] = []  # set on the server after its measurement
     best = best_trial(study)
     # A speculative candidate runs in full: its acceptance rate is what it
     # is for, and it is judged against its base in the phase's A/B.
     candidate = trial.user_attrs.get(Attr.SPEC_OF) is not None
-    plan = capacity_plan(prep, best, baseline or candidate, budget)
-    watch = None if baseline or plan or candidate else make_pruner(
+    plan = capacity_plan(prep, best, rec.baseline or candidate, budget)
+    watch = None if rec.baseline or plan or candidate else make_pruner(
         cfg, best.value if best and prep.direction != "pareto" else None)
 
     def ready(startup_s: float) -> None:
@@ -156,10 +185,6 @@ def _run_trial_inner(
                 # A server that died under load is a failed config, not a
                 # slow one: checked before the numbers are trusted.
                 check_alive=True, phases=prep.engine.start_phases)
-            rec.measure_s = m.measure_s
-            if m.start_phases is not None:
-                rec.start_phases = m.start_phases.to_dict()
-            break
         except ServerError as exc:
             if isinstance(exc, ServerDied):
                 rec.measure_s = exc.measurement.measure_s
@@ -173,15 +198,26 @@ def _run_trial_inner(
             asked = {k: params[k] for k in knobs if k in params}
             if asked:  # what this start asked for: learned, see _learned_refusal
                 trial.set_user_attr(Attr.OVER_REQUEST, asked)
-            rec.total_s = time.monotonic() - t0
-            tell(study, trial, rec, reporter)
-            return []  # a server that died: its lower levels are not kept either
+            return None
+        rec.measure_s = m.measure_s
+        if m.start_phases is not None:
+            rec.start_phases = m.start_phases.to_dict()
+        return _Launched(m, lower, quality[0] if quality else None)
+    raise AssertionError("unreachable: the last attempt returns")
+
+
+def _tell_measured(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
+                   rec: TrialRecord, launched: _Launched, reporter: Reporter) -> None:
+    """Tell what a measured server taught: below the incumbent (a capacity
+    trial's one probe), stopped early (pruned, with how far it got), or its
+    values with its constraints (the SLOs, failed requests, quality)."""
+    cfg = prep.cfg
+    m = launched.m
     summary = m.to_dict()
     rec.summary = summary
-    rec.total_s = time.monotonic() - t0
     if m.capacity_result is not None and m.capacity_result.below is not None:
         _tell_below(prep, study, trial, rec, m.capacity_result, reporter)
-        return []
+        return
     if cfg.levels:
         rec.load_level = _level_of(cfg.workload)
         trial.set_user_attr(Attr.LOAD_LEVEL, rec.load_level)
@@ -200,8 +236,8 @@ def _run_trial_inner(
         trial.set_user_attr(Attr.REQUESTS_UNSENT, max(planned - done, 0) / max(planned, 1))
         rec.detail = (f"{m.stopped_early} after {done}/{planned} requests")
         tell(study, trial, rec, reporter)
-        return lower
-    q = quality[0] if quality else None
+        return
+    q = launched.quality
     if q is not None:
         rec.quality = q.to_dict()
         if violation(q, cfg.quality.max_loss) > 0:
@@ -209,7 +245,6 @@ def _run_trial_inner(
     for name, v in _constraints(cfg, summary, rec.quality).items():
         trial.set_constraint(name, v)
     tell(study, trial, rec, reporter, _values(prep, summary))
-    return lower
 
 
 def capacity_plan(prep: Prepared, best: TrialRecord | None,
