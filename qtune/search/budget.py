@@ -25,10 +25,11 @@ from qtune.capacity import SUSTAINED_WINDOWS
 from qtune.search.config import TuneConfig
 from qtune.search.records import BELOW, Attr, TrialStatus
 
-# The share of the budget the confirmation may take when qtune sizes it:
-# enough for the best config and the defaults on one fresh start each with
-# trials of about three minutes in a 20-minute budget, while leaving most of
-# the budget to the search.
+# The share of the budget the confirmation may take when qtune sizes it, while
+# leaving most of the budget to the search.  The smallest confirmation (the
+# best config and the defaults, one fresh start each) is kept even above it:
+# on one H200 (run 16's starts of ~100 s and probes of ~37 s, each confirmation
+# probe two windows) it costs ~7 min of a 20-minute budget, the share 6.
 CONFIRM_SHARE = 0.3
 FIRST_START_SHARE = 0.5
 
