@@ -177,7 +177,8 @@ class Probe:
     requests: int
     elapsed_s: float  # wall time of the probe: warm-up, window and drain
     summary: dict[str, Any] = field(repr=False)
-    remeasure: bool = False  # the answer's re-measure, over twice the window
+    # over SUSTAINED_WINDOWS: the answer's re-measure, or a confirmation's probe
+    remeasure: bool = False
     aborted: bool = False  # stopped once its failure was certain
     saved_s: float = 0.0  # arrival time it did not need to spend, when aborted
     retried: bool = False  # a soft failure measured again: the re-run decided

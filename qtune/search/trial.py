@@ -99,7 +99,7 @@ def run_trial(
         raise
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Launched:
     """A trial's server measured: its measurement, the ``--levels`` points
     taken on it below the study's load, and its quality (when scored)."""
@@ -129,10 +129,7 @@ def _run_trial_inner(
     if launched is None:
         tell(study, trial, rec, reporter)
         return []  # a server that died: its lower levels are not kept either
-    _tell_measured(prep, study, trial, rec, launched, reporter)
-    below = launched.m.capacity_result is not None \
-        and launched.m.capacity_result.below is not None
-    return [] if below else launched.lower
+    return _tell_measured(prep, study, trial, rec, launched, reporter)
 
 
 def _launch(prep: Prepared, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any],
@@ -207,17 +204,20 @@ def _launch(prep: Prepared, study: optuna.Study, trial: optuna.Trial, params: di
 
 
 def _tell_measured(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
-                   rec: TrialRecord, launched: _Launched, reporter: Reporter) -> None:
+                   rec: TrialRecord, launched: _Launched,
+                   reporter: Reporter) -> list[tuple[float, Measurement]]:
     """Tell what a measured server taught: below the incumbent (a capacity
     trial's one probe), stopped early (pruned, with how far it got), or its
-    values with its constraints (the SLOs, failed requests, quality)."""
+    values with its constraints (the SLOs, failed requests, quality).
+    Returns the ``--levels`` points to keep (none from a config below the
+    incumbent)."""
     cfg = prep.cfg
     m = launched.m
     summary = m.to_dict()
     rec.summary = summary
     if m.capacity_result is not None and m.capacity_result.below is not None:
         _tell_below(prep, study, trial, rec, m.capacity_result, reporter)
-        return
+        return []
     if cfg.levels:
         rec.load_level = _level_of(cfg.workload)
         trial.set_user_attr(Attr.LOAD_LEVEL, rec.load_level)
@@ -236,7 +236,7 @@ def _tell_measured(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
         trial.set_user_attr(Attr.REQUESTS_UNSENT, max(planned - done, 0) / max(planned, 1))
         rec.detail = (f"{m.stopped_early} after {done}/{planned} requests")
         tell(study, trial, rec, reporter)
-        return
+        return launched.lower
     q = launched.quality
     if q is not None:
         rec.quality = q.to_dict()
@@ -245,6 +245,7 @@ def _tell_measured(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
     for name, v in _constraints(cfg, summary, rec.quality).items():
         trial.set_constraint(name, v)
     tell(study, trial, rec, reporter, _values(prep, summary))
+    return launched.lower
 
 
 def capacity_plan(prep: Prepared, best: TrialRecord | None,
