@@ -110,10 +110,22 @@ def test_a_config_that_holds_the_incumbent_is_searched_upward(slots, tmp_path):
     # gain is separated either way.  (Asserting that it failed made this
     # test fail now and then: 2 of about 9 runs over two sessions, the
     # latest in the fresh-clone CI of d265b30.)
+    #
+    # The winner's capacity sits at its knee too: its search found 30.6 req/s
+    # where 6 slots give 30, and held it over two windows in the trial's
+    # re-measure; its confirmation over two windows on a fresh start then
+    # failed it once and held the rung below (the CI run of 082f37a).  Either
+    # way the fresh start holds one load, never below the defaults', and the
+    # defaults are challenged at the winner's load.
     conf = res.profile.metrics["confirmation"]
     won, defaults = conf[str(better.number)], conf[str(base.number)]
-    assert won["fresh"] == [better.value] and not won["failures"]
-    assert defaults["load"] == better.value
+    (held,) = won["fresh"]
+    assert not won["failures"]
+    if held != better.value:
+        assert base.value < held < better.value, (held, better.value)
+        assert "did not hold on a fresh start" in won["runs"][0]
+        assert won["bracket"] == [held, better.value]
+    assert defaults["load"] in (better.value, held)
     assert "did not hold on a fresh start" in defaults["runs"][0]
     if defaults["failures"]:
         assert defaults["failures"] == 1 and not defaults["fresh"]
