@@ -99,19 +99,8 @@ def apply_overrides(
     installed engine's other flags ({dest: {kind, choices, ...}}): a space file
     may tune or fix any of them.  Unknown names fail with the nearest names."""
     by_name = {p.name: p for p in params}
-    known = dict(by_name)
-    for name, info in (extra or {}).items():
-        if name not in known:
-            kind = {"bool": "bool", "flag": "bool", "int": "int", "float": "float",
-                    "choice": "choice"}.get(info.get("kind"), "str")
-            if kind in ("int", "float"):
-                known[name] = Param(name, kind, low=0, high=2**62)
-            elif kind == "choice":
-                known[name] = Param(name, "choice", choices=tuple(info["choices"]))
-            elif kind == "bool":
-                known[name] = Param(name, "bool")
-            else:
-                known[name] = Param(name, "str")
+    known = {**{name: _other_flag(name, info) for name, info in (extra or {}).items()
+                if name not in by_name}, **by_name}
     fixed: dict[str, Any] = {}
     out = dict(by_name)
     for name, spec in ov.entries.items():
@@ -132,36 +121,53 @@ def apply_overrides(
             out[name] = Param(name, "choice", choices=tuple(spec), target=p.target,
                               help=p.help)
         elif isinstance(spec, dict):
-            extra_keys = set(spec) - {"low", "high", "log", "step"}
-            if extra_keys or p.kind not in ("int", "float"):
-                raise InputError(
-                    f"{where}: a range takes low/high/log/step on a numeric parameter",
-                    hint=f"{name} is {p.kind}"
-                    + (f"; unknown keys {sorted(extra_keys)}" if extra_keys else ""),
-                )
-            if name not in by_name and ("low" not in spec or "high" not in spec):
-                raise InputError(f"{where}: give both low and high",
-                                 hint=f"{name} is not tuned by default, so it has no range")
-            low = spec.get("low", p.low)
-            high = spec.get("high", p.high)
-            for v in (low, high):
-                _check_value(p, v, where)
-            # _check_value rejects None for a numeric kind; this tells the checker.
-            assert low is not None and high is not None
-            if low > high:
-                raise InputError(f"{where}: low {low} > high {high}", hint="swap them")
-            if bool(spec.get("log", p.log)) and low <= 0:
-                raise InputError(f"{where}: a log range needs low > 0, not {low}",
-                                 hint="raise low (e.g. 1), or drop 'log: true'")
-            out[name] = Param(
-                name, p.kind, low=low, high=high, log=bool(spec.get("log", p.log)),
-                step=spec.get("step", p.step), target=p.target, help=p.help,
-            )
+            out[name] = _range(p, spec, where, tuned=name in by_name)
         else:
             _check_value(p, spec, where)
             fixed[name] = spec
             out.pop(name, None)
     return list(out.values()), fixed
+
+
+def _other_flag(name: str, info: dict[str, Any]) -> Param:
+    """A flag of the installed engine outside its default space, as a space
+    file may tune or fix it ({kind, choices, ...} as the engine's CLI reads)."""
+    kind = {"bool": "bool", "flag": "bool", "int": "int", "float": "float",
+            "choice": "choice"}.get(str(info.get("kind")), "str")
+    if kind in ("int", "float"):
+        return Param(name, kind, low=0, high=2**62)
+    if kind == "choice":
+        return Param(name, "choice", choices=tuple(info["choices"]))
+    return Param(name, kind)
+
+
+def _range(p: Param, spec: dict[str, Any], where: str, *, tuned: bool) -> Param:
+    """A space file's range (low/high/log/step) for numeric param ``p``;
+    ``tuned``: p has a default range the missing bounds come from."""
+    name = p.name
+    extra_keys = set(spec) - {"low", "high", "log", "step"}
+    if extra_keys or p.kind not in ("int", "float"):
+        raise InputError(
+            f"{where}: a range takes low/high/log/step on a numeric parameter",
+            hint=f"{name} is {p.kind}"
+            + (f"; unknown keys {sorted(extra_keys)}" if extra_keys else ""),
+        )
+    if not tuned and ("low" not in spec or "high" not in spec):
+        raise InputError(f"{where}: give both low and high",
+                         hint=f"{name} is not tuned by default, so it has no range")
+    low = spec.get("low", p.low)
+    high = spec.get("high", p.high)
+    for v in (low, high):
+        _check_value(p, v, where)
+    # _check_value rejects None for a numeric kind; this tells the checker.
+    assert low is not None and high is not None
+    if low > high:
+        raise InputError(f"{where}: low {low} > high {high}", hint="swap them")
+    if bool(spec.get("log", p.log)) and low <= 0:
+        raise InputError(f"{where}: a log range needs low > 0, not {low}",
+                         hint="raise low (e.g. 1), or drop 'log: true'")
+    return Param(name, p.kind, low=low, high=high, log=bool(spec.get("log", p.log)),
+                 step=spec.get("step", p.step), target=p.target, help=p.help)
 
 
 def _check_value(p: Param, v: Any, where: str) -> None:

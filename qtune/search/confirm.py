@@ -101,36 +101,18 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
     # confirmed alone: their figure is the answer the user plans with, and
     # the search's was the best of its probes.  On one H200 (run 15) the
     # defaults held 26.4 req/s once after failing 24; the study ended without
-    # a confirmation, and vLLM's own client read TPOT p99 20.9 ms against 20
-    # there.
+    # a confirmation, and vLLM's own client read TPOT p99 20.9 ms there.
     previous = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
-    verdicts: dict[int, list[str]] = {r.number: [] for r in top}
-    failed_at: dict[int, list[float]] = {r.number: [] for r in top}
-    # Each capacity run: the load it was asked to hold, and what it held
-    # (None: nothing) on that fresh start.
-    asked: dict[int, list[float]] = {r.number: [] for r in top}
-    held_runs: dict[int, list[float | None]] = {r.number: [] for r in top}
-    challenge = _challenges(top, held_runs) if cfg.objective == "capacity" else {}
+    runs = _CapacityRuns(top)
+    challenge = _challenges(top, runs.held) if cfg.objective == "capacity" else {}
 
     def seen(r: TrialRecord, summary: dict[str, Any]) -> None:
-        cap = summary.get("capacity") or {}
-        if cap:  # a capacity run: held or not, and why
-            verdicts[r.number].append(cap.get("decided") or cap.get("reason") or "")
-            steps = cap.get("steps") or []
-            # (a soft failure measured again at the same load is no failure)
-            failed_at[r.number] += [float(st["load"]) for i, st in enumerate(steps)
-                                    if not st.get("ok") and not any(
-                                        later.get("ok") and later["load"] == st["load"]
-                                        for later in steps[i + 1:])]
-            if steps:
-                asked[r.number].append(float(steps[0]["load"]))
-                held_runs[r.number].append(float(cap["value"]) if cap.get("found") else None)
-            if not r.baseline:
-                # The defaults are challenged at what the configs that beat
-                # them held on their fresh starts, not at a lucky search pass.
-                now = _challenges(top, held_runs)
-                challenge.clear()
-                challenge.update(now)
+        if runs.seen(r, summary) and not r.baseline:
+            # The defaults are challenged at what the configs that beat
+            # them held on their fresh starts, not at a lucky search pass.
+            now = _challenges(top, runs.held)
+            challenge.clear()
+            challenge.update(now)
 
     values, failures = remeasure(prep, top, repeats, reporter, phase="confirming",
                                  log_name="confirm", seed_phase=Phase.CONFIRM, on_run=seen,
@@ -147,15 +129,46 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
                           "ci95": [lo, hi] if lo is not None else None}
         cap = (by_number[n].summary or {}).get("capacity") or {}
         if cap.get("bracket"):
-            # A capacity is confirmed by holding it again on fresh starts; its
-            # interval is the bracket [held, failed): the search's, narrowed
-            # by what the fresh starts held and failed.
-            result[str(n)]["bracket"] = confirmed_bracket(cap["bracket"], fresh, failed_at[n])
-            result[str(n)]["runs"] = verdicts[n]
-            result[str(n)]["asked"] = asked[n]
-            result[str(n)]["held"] = held_runs[n]
-            result[str(n)]["load"] = max(asked[n]) if asked[n] else first
+            result[str(n)].update(runs.view(n, cap["bracket"], fresh, float(first)))
     study.set_user_attr(StudyAttr.CONFIRMATION, {**previous, **result})
+
+
+class _CapacityRuns:
+    """What each config's capacity confirmation runs held and failed, one
+    fresh start at a time: its verdicts, the loads that failed, the load each
+    run was asked to hold and what it held (None: nothing)."""
+
+    def __init__(self, top: list[TrialRecord]) -> None:
+        self.verdicts: dict[int, list[str]] = {r.number: [] for r in top}
+        self.failed_at: dict[int, list[float]] = {r.number: [] for r in top}
+        self.asked: dict[int, list[float]] = {r.number: [] for r in top}
+        self.held: dict[int, list[float | None]] = {r.number: [] for r in top}
+
+    def seen(self, r: TrialRecord, summary: dict[str, Any]) -> bool:
+        """Keep one run's outcome; False when it was no capacity run."""
+        cap = summary.get("capacity") or {}
+        if not cap:
+            return False
+        self.verdicts[r.number].append(cap.get("decided") or cap.get("reason") or "")
+        steps = cap.get("steps") or []
+        # (a soft failure measured again at the same load is no failure)
+        self.failed_at[r.number] += [
+            float(st["load"]) for i, st in enumerate(steps)
+            if not st.get("ok") and not any(later.get("ok") and later["load"] == st["load"]
+                                            for later in steps[i + 1:])]
+        if steps:
+            self.asked[r.number].append(float(steps[0]["load"]))
+            self.held[r.number].append(float(cap["value"]) if cap.get("found") else None)
+        return True
+
+    def view(self, n: int, search: list[float | None], fresh: list[float],
+             first: float) -> dict[str, Any]:
+        """A capacity is confirmed by holding it again on fresh starts; its
+        interval is the bracket [held, failed): the search's, narrowed by
+        what the fresh starts held and failed."""
+        return {"bracket": confirmed_bracket(search, fresh, self.failed_at[n]),
+                "runs": self.verdicts[n], "asked": self.asked[n], "held": self.held[n],
+                "load": max(self.asked[n]) if self.asked[n] else first}
 
 
 def confirmed_bracket(search: list[float | None], fresh: list[float],

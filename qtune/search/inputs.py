@@ -15,11 +15,13 @@ from qtune.engines.base import Engine, Param, SpaceContext
 from qtune.errors import EngineError, InputError
 from qtune.files import check_target
 from qtune.host import HostFacts
+from qtune.host.installed import EngineInstall
 from qtune.load.workload import Workload
 from qtune.model import ModelInfo, resolve_model
 from qtune.objectives import get_objective
 from qtune.search.config import (
     STUDY_NAME_MAX,
+    SpaceOverride,
     TuneConfig,
     apply_overrides,
     check_config,
@@ -106,8 +108,42 @@ def prepare(cfg: TuneConfig, *, host: HostFacts | None = None) -> Prepared:
     # that is refused.
     check_config(cfg)
     objective = get_objective(cfg.objective)
-    direction = objective.direction
     engine = get_engine(cfg.engine)
+    _check_files(cfg)
+    override = load_space_file(cfg.space_file) if cfg.space_file else None
+    model = resolve_model(cfg.model)
+    _check_workload(cfg, model, objective.needs_slo)
+    if cfg.levels:
+        cfg = _with_levels(cfg, objective.direction)
+    # --gpus: this worker's own GPUs (locked on the host), the only ones its
+    # space is built for and its servers see.
+    if host is None:
+        host = pin_gpus(probe(engine_python=cfg.engine_python), cfg.fleet.gpus)
+    study_name = cfg.study or _default_study_name(model, cfg, host)
+    storage_url, study_dir = study_files(cfg, study_name)
+    if cfg.pick is not None:
+        if cfg.study is None:  # (a named study was checked in _check_files)
+            check_pickable(cfg.pick, study_name, storage_url)
+        # A re-pick launches nothing: the study's trials are all there is.
+        cfg = dataclasses.replace(cfg, trials=0,
+                                  confirm=dataclasses.replace(cfg.confirm, top=0))
+    install = _install(cfg, host, storage_url, study_name)
+    engine_args = engine.read_args(install) if cfg.pick is None else None
+    exact, why = lossless(cfg, engine, model)
+    if exact != cfg.quality.exact:
+        cfg = dataclasses.replace(cfg, quality=dataclasses.replace(cfg.quality, exact=exact))
+    ctx = SpaceContext(host, model, install, cfg.max_model_len, engine_args,
+                       exact=cfg.quality.exact)
+    params, fixed, why = _space(cfg, engine, ctx, override, why)
+    user_set = frozenset(override.entries) if override is not None else frozenset()
+    return Prepared(cfg, host, engine, ctx, params, fixed, objective.direction, study_name,
+                    storage_url, study_dir, user_set, lossless_why=why)
+
+
+def _check_files(cfg: TuneConfig) -> None:
+    """The sampler's name and the files the flags name (--out, --storage, a
+    named study's files, a re-picked study), before the probe: a typo costs
+    no probe and no engine check."""
     if cfg.sampler not in SAMPLERS:
         raise InputError(f"--sampler: unknown sampler {cfg.sampler!r}",
                          hint="choose one of " + ", ".join(SAMPLERS))
@@ -128,8 +164,10 @@ def prepare(cfg: TuneConfig, *, host: HostFacts | None = None) -> Prepared:
             # A re-pick reads a finished study: refuse a missing one before
             # anything else (no probe, no engine needed to say so).
             check_pickable(cfg.pick, cfg.study, url)
-    override = load_space_file(cfg.space_file) if cfg.space_file else None
-    model = resolve_model(cfg.model)
+
+
+def _check_workload(cfg: TuneConfig, model: ModelInfo, needs_slo: bool) -> None:
+    """The workload against the model's context, and the SLO the objective needs."""
     need = cfg.workload.max_total_len
     mml = cfg.max_model_len or model.max_context
     if cfg.workload.dataset is None and need > mml:
@@ -138,25 +176,15 @@ def prepare(cfg: TuneConfig, *, host: HostFacts | None = None) -> Prepared:
             f"tokens) exceeds the model's context length {mml}",
             hint="shorten the workload or raise --max-model-len",
         )
-    if objective.needs_slo and not [
-        s for s in cfg.slo if s.metric != "throughput"
-    ]:
+    if needs_slo and not [s for s in cfg.slo if s.metric != "throughput"]:
         raise InputError(f"--objective {cfg.objective} needs a latency --slo",
                          hint="e.g. --slo 'ttft_p99<=500ms,tpot_p99<=50ms'")
-    if cfg.levels:
-        cfg = _with_levels(cfg, direction)
-    # --gpus: this worker's own GPUs (locked on the host), the only ones its
-    # space is built for and its servers see.
-    if host is None:
-        host = pin_gpus(probe(engine_python=cfg.engine_python), cfg.fleet.gpus)
-    study_name = cfg.study or _default_study_name(model, cfg, host)
-    storage_url, study_dir = study_files(cfg, study_name)
-    if cfg.pick is not None:
-        if cfg.study is None:  # (a named study was checked above)
-            check_pickable(cfg.pick, study_name, storage_url)
-        # A re-pick launches nothing: the study's trials are all there is.
-        cfg = dataclasses.replace(cfg, trials=0,
-                                  confirm=dataclasses.replace(cfg.confirm, top=0))
+
+
+def _install(cfg: TuneConfig, host: HostFacts, storage_url: str,
+             study_name: str) -> EngineInstall:
+    """The engine install the study launches: the probed one, or for a
+    re-pick the one the study recorded; refused when it cannot serve here."""
     install = host.engines.get(cfg.engine)
     if install is None and cfg.pick is not None:
         # A re-pick writes the profile of a trial that ran: the engine that
@@ -169,15 +197,17 @@ def prepare(cfg: TuneConfig, *, host: HostFacts | None = None) -> Prepared:
             f"{cfg.engine} {install.version} is a CUDA build but no NVIDIA GPU is visible",
             hint=host.gpu.note or "install the CPU build: pip install 'qtune[cpu]'",
         )
-    engine_args = None
-    if cfg.pick is None:
-        engine_args = engine.read_args(install)
-    exact, why = lossless(cfg, engine, model)
-    if exact != cfg.quality.exact:
-        cfg = dataclasses.replace(cfg, quality=dataclasses.replace(cfg.quality, exact=exact))
-    ctx = SpaceContext(host, model, install, cfg.max_model_len, engine_args,
-                       exact=cfg.quality.exact)
+    return install
+
+
+def _space(cfg: TuneConfig, engine: Engine, ctx: SpaceContext,
+           override: SpaceOverride | None, lossless_why: str | None
+           ) -> tuple[list[Param], dict[str, Any], str | None]:
+    """The searched params, the fixed ones (the space file's and those the
+    compile cache's key would follow), and why lossy options were left out
+    (None when the space would have held none)."""
     params = engine.space(ctx)
+    why = lossless_why
     if why is not None:
         # Said only where the space would have held a lossy option.
         left_out = {p.name for p in engine.space(dataclasses.replace(ctx, exact=False))} \
@@ -185,16 +215,14 @@ def prepare(cfg: TuneConfig, *, host: HostFacts | None = None) -> Prepared:
         why = f"{why}: {', '.join(sorted(left_out))}" if left_out else None
     fixed: dict[str, Any] = {}
     if override is not None:
-        params, fixed = apply_overrides(params, override, engine_args)
+        params, fixed = apply_overrides(params, override, ctx.engine_args)
     named = override.entries if override is not None else {}
     params = [p for p in params if not p.opt_in or p.name in named]
     # What would follow a searched value into the compile cache's key is
     # fixed when it is not searched itself (issue 27: cheaper starts).
     fixed = {**engine.pinned_for_cache(params, fixed, ctx), **fixed}
     make_sampler(cfg.sampler, params, cfg.seed, cfg.trials)  # fail before any file
-    user_set = frozenset(override.entries) if override is not None else frozenset()
-    return Prepared(cfg, host, engine, ctx, params, fixed, direction, study_name,
-                    storage_url, study_dir, user_set, lossless_why=why)
+    return params, fixed, why
 
 
 def lossless(cfg: TuneConfig, engine: Engine, model: ModelInfo) -> tuple[bool, str | None]:

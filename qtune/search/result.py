@@ -220,7 +220,6 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """The trials as a table: the CSV next to the study and `qtune report`'s."""
     import pandas as pd
 
-    rows = []
     trials = ran_trials(study)
     # A fleet: the trial a dead worker left is re-run by another (its
     # retry_of); the left one has no record of its own, only the retry's
@@ -228,72 +227,84 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     retried_by = {t.user_attrs[FleetAttr.RETRY_OF]: t for t in trials
                   if isinstance(t.user_attrs.get(FleetAttr.RETRY_OF), int)}
     fleet = any(FleetAttr.WORKER in t.user_attrs for t in trials)
-    for t in trials:
-        r = TrialRecord.from_frozen(t)
-        s = r.summary or {}
-        status, reason, detail = str(r.status), r.reason, r.detail
-        retry = retried_by.get(r.number)
-        if r.status == TrialStatus.UNKNOWN and t.state == optuna.trial.TrialState.FAIL:
-            status = "worker_lost"
-            reason = reason or "worker_lost"
-            detail = detail or (str(retry.user_attrs.get(FleetAttr.RETRY_REASON))
-                                if retry is not None else "failed without a record: its "
-                                "worker stopped before writing one")
-        row: dict[str, Any] = {
-            "trial": r.number, "baseline": r.baseline, "status": status,
-            "reason": reason, "value": r.value, "feasible": r.feasible,
-            # A failure's detail is a line of the server's log: masked like
-            # every text qtune writes (a token in a log line stays out).
-            "startup_s": r.startup_s, "measure_s": r.measure_s,
-            "detail": redact(detail) if detail else detail,
-        }
-        if fleet:
-            row["worker"] = t.user_attrs.get(FleetAttr.WORKER)
-            row["retry_of"] = t.user_attrs.get(FleetAttr.RETRY_OF)
-            row["retry_reason"] = t.user_attrs.get(FleetAttr.RETRY_REASON)
-            row["retried_by"] = retry.number if retry is not None else None
-        # Where the trial's time went: the start's phases (from the engine's
-        # log) and, for a capacity trial, its probes.
-        ph = r.start_phases or {}
-        for k in ("weights_s", "compile_s", "graphs_s", "other_s"):
-            if ph.get(k) is not None:
-                row[f"start.{k.removesuffix('_s')}_s"] = ph[k]
-        if ph.get("cache_hit") is not None:
-            row["start.compile_cached"] = ph["cache_hit"]
-        cap = (s or r.partial_summary or {}).get("capacity") or {}
-        if cap.get("steps"):
-            row["capacity.probes"] = len(cap["steps"])
-            row["capacity.probes_s"] = cap.get("probes_s")
-            row["capacity.saved_s"] = cap.get("saved_s")
-            if cap.get("bracket"):
-                row["capacity.failed_at"] = cap["bracket"][1]
-        if r.engine is not None:  # --engine a,b: the trial's engine
-            row["engine"] = r.engine
-        if r.load_level is not None:  # --levels: the load, and whose server
-            row["load_level"], row["server_of"] = r.load_level, r.server_of
-        row.update({f"param.{k}": v for k, v in r.params.items()})
-        for m in ("ttft", "tpot", "itl", "e2e"):
-            for p in ("p50", "p90", "p99"):
-                row[f"{m}_{p}_ms"] = (s.get(f"{m}_ms") or {}).get(p)
-        row["req_per_s"] = s.get("request_throughput")
-        row["out_tok_per_s"] = s.get("output_token_throughput")
-        row["failed"] = s.get("failed")
-        spec = (s.get("server") or {}).get("spec_decode")
-        if r.spec_of is not None or spec:  # the speculative phase (acceptance)
-            row["spec_of"] = r.spec_of
-            row["spec_acceptance"] = spec["acceptance_rate"] if spec else None
-            row["spec_accepted_per_draft"] = (spec["mean_acceptance_length"] - 1
-                                              if spec else None)
-        q = Quality.from_dict(r.quality)
-        if q is not None:  # the quality gate's figure (qtune.quality)
-            row["quality_loss"] = q.loss
-            row["quality"] = q.text()
-        rows.append(row)
+    rows = [_trial_row(t, retried_by.get(t.number), fleet) for t in trials]
     if not rows:  # a study with no trial yet: the columns, no rows
         return pd.DataFrame(columns=["trial", "baseline", "status", "reason", "value",
                                      "feasible", "startup_s", "measure_s", "detail",
                                      "req_per_s", "out_tok_per_s", "failed"])
     return pd.DataFrame(rows)
+
+
+def _trial_row(t: optuna.trial.FrozenTrial, retry: optuna.trial.FrozenTrial | None,
+               fleet: bool) -> dict[str, Any]:
+    """One trial's row of ``trials_frame``: its outcome, where its time went,
+    its params and its measured figures; ``retry``: the trial that re-ran it
+    when its worker was lost."""
+    r = TrialRecord.from_frozen(t)
+    s = r.summary or {}
+    status, reason, detail = str(r.status), r.reason, r.detail
+    if r.status == TrialStatus.UNKNOWN and t.state == optuna.trial.TrialState.FAIL:
+        status = "worker_lost"
+        reason = reason or "worker_lost"
+        detail = detail or (str(retry.user_attrs.get(FleetAttr.RETRY_REASON))
+                            if retry is not None else "failed without a record: its "
+                            "worker stopped before writing one")
+    row: dict[str, Any] = {
+        "trial": r.number, "baseline": r.baseline, "status": status,
+        "reason": reason, "value": r.value, "feasible": r.feasible,
+        # A failure's detail is a line of the server's log: masked like
+        # every text qtune writes (a token in a log line stays out).
+        "startup_s": r.startup_s, "measure_s": r.measure_s,
+        "detail": redact(detail) if detail else detail,
+    }
+    if fleet:
+        row["worker"] = t.user_attrs.get(FleetAttr.WORKER)
+        row["retry_of"] = t.user_attrs.get(FleetAttr.RETRY_OF)
+        row["retry_reason"] = t.user_attrs.get(FleetAttr.RETRY_REASON)
+        row["retried_by"] = retry.number if retry is not None else None
+    row.update(_time_columns(r))
+    if r.engine is not None:  # --engine a,b: the trial's engine
+        row["engine"] = r.engine
+    if r.load_level is not None:  # --levels: the load, and whose server
+        row["load_level"], row["server_of"] = r.load_level, r.server_of
+    row.update({f"param.{k}": v for k, v in r.params.items()})
+    for m in ("ttft", "tpot", "itl", "e2e"):
+        for p in ("p50", "p90", "p99"):
+            row[f"{m}_{p}_ms"] = (s.get(f"{m}_ms") or {}).get(p)
+    row["req_per_s"] = s.get("request_throughput")
+    row["out_tok_per_s"] = s.get("output_token_throughput")
+    row["failed"] = s.get("failed")
+    spec = (s.get("server") or {}).get("spec_decode")
+    if r.spec_of is not None or spec:  # the speculative phase (acceptance)
+        row["spec_of"] = r.spec_of
+        row["spec_acceptance"] = spec["acceptance_rate"] if spec else None
+        row["spec_accepted_per_draft"] = (spec["mean_acceptance_length"] - 1
+                                          if spec else None)
+    q = Quality.from_dict(r.quality)
+    if q is not None:  # the quality gate's figure (qtune.quality)
+        row["quality_loss"] = q.loss
+        row["quality"] = q.text()
+    return row
+
+
+def _time_columns(r: TrialRecord) -> dict[str, Any]:
+    """Where a trial's time went: the start's phases (from the engine's log)
+    and, for a capacity trial, its probes."""
+    row: dict[str, Any] = {}
+    ph = r.start_phases or {}
+    for k in ("weights_s", "compile_s", "graphs_s", "other_s"):
+        if ph.get(k) is not None:
+            row[f"start.{k.removesuffix('_s')}_s"] = ph[k]
+    if ph.get("cache_hit") is not None:
+        row["start.compile_cached"] = ph["cache_hit"]
+    cap = (r.summary or r.partial_summary or {}).get("capacity") or {}
+    if cap.get("steps"):
+        row["capacity.probes"] = len(cap["steps"])
+        row["capacity.probes_s"] = cap.get("probes_s")
+        row["capacity.saved_s"] = cap.get("saved_s")
+        if cap.get("bracket"):
+            row["capacity.failed_at"] = cap["bracket"][1]
+    return row
 
 
 def _export_trials(study: optuna.Study, path: Path) -> None:
@@ -489,41 +500,9 @@ def build_profile(
     # The trial ran on a random port; the deployed server gets a fixed one.
     spec = prep.engine.launch_spec(best.params, prep.ctx, host="127.0.0.1", port=8000) \
         if cfg.pick is None else _as_ran(study, best)
-    notes = []
-    if prep.ctx.model.load_format == "dummy":
-        notes.append("tuned with random weights (--load-format dummy): swap in the "
-                     "real checkpoint folder before serving real traffic")
-    if baseline and baseline.status == TrialStatus.INVALID:
-        notes.append(f"baseline (engine defaults) not launched: {baseline.detail}")
-    elif baseline and baseline.status != TrialStatus.OK:
-        notes.append(f"baseline (engine defaults) failed to start: {baseline.reason}: "
-                     f"{baseline.detail}")
-    base_note = study.trials[baseline.number].user_attrs.get(Attr.BASELINE_NOTE) \
-        if baseline else None
-    if base_note:
-        notes.append(base_note)
     quality = _quality_view(best, cfg.quality.max_loss)
-    if quality is not None and not quality["measured"]:
-        notes.append(f"answer quality {quality['text']}")
     phase = study.user_attrs.get(StudyAttr.SPECULATIVE)
-    if phase:
-        notes.append("speculative decoding: " + summary_line(phase))
-    if engines:
-        notes.append(f"searched across engines ({', '.join(r['engine'] for r in engines)})"
-                     f"; the improvement is over {prep.engine.name}'s own defaults; each "
-                     "engine's best: " + "; ".join(summary_lines(engines)))
-    if (over := overload_note(baseline, best)) is not None:
-        notes.append(over)
-    conf = (study.user_attrs.get(StudyAttr.CONFIRMATION) or {}).get(str(best.number)) or {}
-    if conf.get("failures"):
-        runs = len(conf.get("fresh") or []) + int(conf["failures"])
-        notes.append(f"NOT CONFIRMED: the winner failed {conf['failures']} of its {runs} fresh "
-                     "start(s) in the confirmation (no other config held cleanly); qtune "
-                     "verify measures it again")
-    if objective.get("separated") is False:
-        notes.append("the winner's confirmation runs overlap the engine defaults': the "
-                     "improvement is within this host's run-to-run noise; qtune verify "
-                     "--repeat 5 measures it with more starts")
+    notes = _profile_notes(prep, study, best, baseline, objective, engines, quality, phase)
     return Profile(
         name=prep.study_name,
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -559,6 +538,50 @@ def build_profile(
                        baseline_trial=baseline.number if baseline else None),
         notes=notes,
     )
+
+
+def _profile_notes(prep: Prepared, study: optuna.Study, best: TrialRecord,
+                   baseline: TrialRecord | None, objective: dict[str, Any],
+                   engines: list[dict[str, Any]] | None, quality: dict[str, Any] | None,
+                   phase: Mapping[str, Any] | None) -> list[str]:
+    """What a profile's reader must know beside its figures: random weights,
+    a baseline that did not run, an unmeasured quality, the speculative
+    phase, the engines compared, an overload, an unconfirmed or unseparated
+    winner."""
+    notes = []
+    if prep.ctx.model.load_format == "dummy":
+        notes.append("tuned with random weights (--load-format dummy): swap in the "
+                     "real checkpoint folder before serving real traffic")
+    if baseline and baseline.status == TrialStatus.INVALID:
+        notes.append(f"baseline (engine defaults) not launched: {baseline.detail}")
+    elif baseline and baseline.status != TrialStatus.OK:
+        notes.append(f"baseline (engine defaults) failed to start: {baseline.reason}: "
+                     f"{baseline.detail}")
+    base_note = study.trials[baseline.number].user_attrs.get(Attr.BASELINE_NOTE) \
+        if baseline else None
+    if base_note:
+        notes.append(base_note)
+    if quality is not None and not quality["measured"]:
+        notes.append(f"answer quality {quality['text']}")
+    if phase:
+        notes.append("speculative decoding: " + summary_line(phase))
+    if engines:
+        notes.append(f"searched across engines ({', '.join(r['engine'] for r in engines)})"
+                     f"; the improvement is over {prep.engine.name}'s own defaults; each "
+                     "engine's best: " + "; ".join(summary_lines(engines)))
+    if (over := overload_note(baseline, best)) is not None:
+        notes.append(over)
+    conf = (study.user_attrs.get(StudyAttr.CONFIRMATION) or {}).get(str(best.number)) or {}
+    if conf.get("failures"):
+        runs = len(conf.get("fresh") or []) + int(conf["failures"])
+        notes.append(f"NOT CONFIRMED: the winner failed {conf['failures']} of its {runs} fresh "
+                     "start(s) in the confirmation (no other config held cleanly); qtune "
+                     "verify measures it again")
+    if objective.get("separated") is False:
+        notes.append("the winner's confirmation runs overlap the engine defaults': the "
+                     "improvement is within this host's run-to-run noise; qtune verify "
+                     "--repeat 5 measures it with more starts")
+    return notes
 
 
 def summary_line(rec: Mapping[str, Any]) -> str:

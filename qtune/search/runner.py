@@ -229,48 +229,9 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
     cfg = prep.cfg
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if cfg.pick is not None:
-        # --pick reads a finished study and writes only the profile: the
-        # storage is read-only by construction (no trial failed, no attribute
-        # rewritten, no table created).
-        try:
-            study = optuna.load_study(study_name=prep.study_name,
-                                      storage=open_storage(prep.storage_url, read_only=True))
-        except KeyError:
-            raise StudyError(f"--pick: no study {prep.study_name} in "
-                             f"{mask_url(prep.storage_url)}",
-                             hint="--pick writes a profile of an existing study") from None
-        return study, False
+        return _open_to_pick(prep), False
     is_fleet = fleet.is_fleet(prep.storage_url)
-    storage = open_storage(prep.storage_url,
-                           heartbeat_s=cfg.fleet.heartbeat_s if is_fleet else None)
-    # pareto: maximise throughput, minimise the latency percentile.
-    dirs = ({"directions": ["maximize", "minimize"]} if prep.direction == "pareto"
-            else {"direction": prep.direction})
-    sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
-    opener = not cfg.fleet.finish
-    try:
-        if cfg.fleet.finish:
-            study = optuna.load_study(study_name=prep.study_name, storage=storage,
-                                      sampler=sampler)
-        else:
-            study = optuna.create_study(study_name=prep.study_name, storage=storage,
-                                        sampler=sampler, load_if_exists=not is_fleet,
-                                        **dirs)
-    except KeyError:
-        raise StudyError(f"--finish: no study {prep.study_name} in "
-                         f"{mask_url(prep.storage_url)}",
-                         hint="--finish confirms and writes the profile of a study "
-                         "its workers ran; run them first") from None
-    except optuna.exceptions.DuplicatedStudyError:
-        # A fleet's study made by another worker: join it.
-        study = optuna.load_study(study_name=prep.study_name, storage=storage,
-                                  sampler=sampler)
-        opener = False
-    except ValueError as exc:
-        raise StudyError(
-            f"study {prep.study_name}: {exc}",
-            hint="a resumed study must keep its objective direction",
-        ) from None
+    study, opener = _create_or_join(prep, is_fleet)
     want = (["maximize", "minimize"] if prep.direction == "pareto" else [prep.direction])
     have = [d.name.lower() for d in study.directions]
     if have != want:  # create_study checks this only for a study it loads itself
@@ -278,9 +239,9 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
             f"study {prep.study_name}: its directions are {have}, this run's {want}",
             hint="a resumed study must keep its objective direction")
     _check_resume(study, prep)
-    if cfg.pick is None:  # a re-pick measures nothing: any host may write it
-        fleet.check_hosts(study, fleet.host_facts(prep.host, prep.ctx.install),
-                          cfg.fleet.allow_mixed_hosts, prep.study_name)
+    # (a re-pick, which measures nothing, returned above: any host may write it)
+    fleet.check_hosts(study, fleet.host_facts(prep.host, prep.ctx.install),
+                      cfg.fleet.allow_mixed_hosts, prep.study_name)
     if is_fleet:
         # Other workers' trials are RUNNING too: only the stale ones fail.
         fleet.reclaim(study, cfg.fleet.heartbeat_s)
@@ -289,6 +250,63 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
         # qtune would bias the constant-liar sampler forever.  Fail them on resume.
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             study.tell(t.number, state=TrialState.FAIL)
+    _record_setup(study, prep)
+    prep.study_dir.mkdir(parents=True, exist_ok=True)
+    return study, opener
+
+
+def _open_to_pick(prep: Prepared) -> optuna.Study:
+    """--pick reads a finished study and writes only the profile: the
+    storage is read-only by construction (no trial failed, no attribute
+    rewritten, no table created)."""
+    try:
+        return optuna.load_study(study_name=prep.study_name,
+                                 storage=open_storage(prep.storage_url, read_only=True))
+    except KeyError:
+        raise StudyError(f"--pick: no study {prep.study_name} in "
+                         f"{mask_url(prep.storage_url)}",
+                         hint="--pick writes a profile of an existing study") from None
+
+
+def _create_or_join(prep: Prepared, is_fleet: bool) -> tuple[optuna.Study, bool]:
+    """The study created (or on one host resumed), joined in a fleet when
+    another worker made it, or loaded by --finish; and whether this process
+    opens it."""
+    cfg = prep.cfg
+    storage = open_storage(prep.storage_url,
+                           heartbeat_s=cfg.fleet.heartbeat_s if is_fleet else None)
+    # pareto: maximise throughput, minimise the latency percentile.
+    dirs = ({"directions": ["maximize", "minimize"]} if prep.direction == "pareto"
+            else {"direction": prep.direction})
+    sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
+    try:
+        if cfg.fleet.finish:
+            return optuna.load_study(study_name=prep.study_name, storage=storage,
+                                     sampler=sampler), False
+        return optuna.create_study(study_name=prep.study_name, storage=storage,
+                                   sampler=sampler, load_if_exists=not is_fleet,
+                                   **dirs), True
+    except KeyError:
+        raise StudyError(f"--finish: no study {prep.study_name} in "
+                         f"{mask_url(prep.storage_url)}",
+                         hint="--finish confirms and writes the profile of a study "
+                         "its workers ran; run them first") from None
+    except optuna.exceptions.DuplicatedStudyError:
+        # A fleet's study made by another worker: join it.
+        return optuna.load_study(study_name=prep.study_name, storage=storage,
+                                 sampler=sampler), False
+    except ValueError as exc:
+        raise StudyError(
+            f"study {prep.study_name}: {exc}",
+            hint="a resumed study must keep its objective direction",
+        ) from None
+
+
+def _record_setup(study: optuna.Study, prep: Prepared) -> None:
+    """What the study is run with, in its attributes: the objective, the
+    workload, the model, the versions, and what --pick needs to write a
+    profile where the engine is not installed."""
+    cfg = prep.cfg
     study.set_user_attr(StudyAttr.OBJECTIVE, cfg.objective)
     optuna_api.name_values(study, get_objective(cfg.objective).study_values)
     study.set_user_attr(StudyAttr.WORKLOAD, cfg.workload.to_dict())
@@ -297,12 +315,9 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
     study.set_user_attr(StudyAttr.MAX_QUALITY_LOSS, cfg.quality.max_loss)
     study.set_user_attr(StudyAttr.MODEL, prep.ctx.model.summary())
     study.set_user_attr(StudyAttr.OPTUNA_VERSION, optuna.__version__)
-    # What --pick needs to write a profile where the engine is not installed.
     study.set_user_attr(StudyAttr.ENGINE_INSTALL, dataclasses.asdict(prep.ctx.install))
     if prep.engines:
         study.set_user_attr(StudyAttr.ENGINES, list(prep.engines))
-    prep.study_dir.mkdir(parents=True, exist_ok=True)
-    return study, opener
 
 
 def _study_info(prep: Prepared) -> dict[str, Any]:

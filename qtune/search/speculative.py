@@ -118,6 +118,22 @@ def speculative_phase(prep: Prepared, study: optuna.Study, reporter: Reporter,
         reporter.note(f"speculative decoding not searched: it needs ~{need / 60:.0f} "
                       "min, more than the time budget has left")
         return
+    ran = _launch_candidates(prep, study, base, candidates, notes, launch)
+    out: dict[str, Any] = {
+        "searched": True, "base_trial": base.number, "notes": notes,
+        "candidates": [{"trial": r.number,
+                        "config": describe(_added(r.params, base.params)),
+                        "status": str(r.status), "reason": r.reason, "value": r.value,
+                        "feasible": r.feasible, "spec_decode": spec_view(r.summary)}
+                       for r in ran]}
+    record({**out, **_compared(prep, base, ran, repeats, reporter)})
+
+
+def _launch_candidates(prep: Prepared, study: optuna.Study, base: TrialRecord,
+                       candidates: list[dict[str, Any]], notes: list[str],
+                       launch: Launch) -> list[TrialRecord]:
+    """Each method the engine offers, on the winner's config, as a trial of
+    its own; one the engine refuses is a note, not a launch."""
     ran: list[TrialRecord] = []
     for cand in candidates:
         params = {**base.params, **cand}
@@ -129,30 +145,29 @@ def speculative_phase(prep: Prepared, study: optuna.Study, reporter: Reporter,
         ran.append(next(TrialRecord.from_frozen(t)
                         for t in reversed(study.get_trials(deepcopy=False))
                         if t.user_attrs.get(Attr.SPEC_OF) == base.number))
-    maximize = prep.direction == "maximize"
-    out: dict[str, Any] = {
-        "searched": True, "base_trial": base.number, "notes": notes,
-        "candidates": [{"trial": r.number,
-                        "config": describe(_added(r.params, base.params)),
-                        "status": str(r.status), "reason": r.reason, "value": r.value,
-                        "feasible": r.feasible, "spec_decode": spec_view(r.summary)}
-                       for r in ran]}
+    return ran
+
+
+def _compared(prep: Prepared, base: TrialRecord, ran: list[TrialRecord], repeats: int,
+              reporter: Reporter) -> dict[str, Any]:
+    """The best candidate and its base, A/B on fresh starts (``repeats``
+    rounds), and whether it is kept; none when no candidate ran feasibly."""
     fit = [r for r in ran if r.feasible and r.value is not None
            and r.status == TrialStatus.OK]
     if not fit:
-        record({**out, "kept": None, "why": "no candidate ran in full and feasibly"})
-        return
+        return {"kept": None, "why": "no candidate ran in full and feasibly"}
+    maximize = prep.direction == "maximize"
     sign = -1 if maximize else 1
     best = min(fit, key=lambda r: sign * r.value)  # type: ignore[operator]
     values, failures, accept = _ab(prep, [base, best], repeats, reporter)
     verdict = decide(values[base.number], values[best.number], maximize,
                      failures[best.number])
-    record({**out, "compared": best.number, "repeats": repeats,
+    return {"compared": best.number, "repeats": repeats,
             "values": {str(k): v for k, v in values.items()},
             "medians": {str(k): bootstrap_median(v)[0] for k, v in values.items() if v},
             "failures": {str(k): v for k, v in failures.items()},
             "round_acceptance": accept, **verdict,
-            "kept": best.number if verdict["kept"] else None})
+            "kept": best.number if verdict["kept"] else None}
 
 
 # 3 rounds each at least (see speculative_phase): the fewest that give the

@@ -204,48 +204,55 @@ def _open(url: str, *, read_only: bool = False,
             # path is percent-encoded: a '#' or '?' in it would otherwise end
             # the file name and drop ?mode=ro (and create a database).
             url = sqlite_ro_url(path)
-        # No heartbeat on one host: trials a killed run left RUNNING are
-        # failed on resume instead (run_study).  A fleet's workers beat
-        # their trials themselves (fleet.Heartbeat).  SQLite gets a lock timeout.
-        kwargs: dict[str, Any] = (
-            {"connect_args": {"timeout": 20.0}} if url.startswith("sqlite") else {})
-        beat: dict[str, Any] = {}
-        if fleet.is_fleet(url):
-            # A pooled connection is checked before use: a database restarted
-            # between two calls costs a reconnect, not the worker (or proxy).
-            kwargs["pool_pre_ping"] = True
-            if heartbeat_s is not None:
-                beat = fleet.storage_kwargs(heartbeat_s)
-                fleet.quiet_heartbeat_warning()
-        with warnings.catch_warnings():
-            # The heartbeat arguments are "experimental" in Optuna's words:
-            # a warning on every worker's start says nothing to its user.
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            for attempt in range(5):
-                try:
-                    # Read-only: never create Optuna's tables in an empty
-                    # database (nor check/migrate its schema version).
-                    return optuna.storages.RDBStorage(
-                        url, engine_kwargs=kwargs, **beat, skip_table_creation=read_only)
-                except (IntegrityError, ProgrammingError) as exc:
-                    # Workers started together on an empty database race to
-                    # create Optuna's tables (PostgreSQL's IF NOT EXISTS is
-                    # not atomic): the loser finds them made on a retry.  The
-                    # race shows as a unique violation or, for the enum types,
-                    # as 'type "studydirection" already exists' (seen in CI
-                    # with three workers).
-                    lost_race = isinstance(exc, IntegrityError) or \
-                        "already exists" in str(exc)
-                    if attempt == 4 or not lost_race:
-                        raise
-                    time.sleep(0.5 * (attempt + 1))
-            raise AssertionError("unreachable")
+        return _open_rdb(url, read_only=read_only, heartbeat_s=heartbeat_s)
     except Exception as exc:  # sqlalchemy/driver errors vary widely
         raise StudyError(
             f"cannot open storage {mask_url(url)}: {type(exc).__name__}: "
             f"{exc}".splitlines()[0][:300],
             hint="check the URL; PostgreSQL needs its driver: pip install 'qtune[fleet]'",
         ) from None
+
+
+def _open_rdb(url: str, *, read_only: bool,
+              heartbeat_s: int | None) -> optuna.storages.RDBStorage:
+    """An SQLAlchemy storage (SQLite, PostgreSQL), its creation retried when
+    workers started together race to make Optuna's tables."""
+    # No heartbeat on one host: trials a killed run left RUNNING are
+    # failed on resume instead (run_study).  A fleet's workers beat
+    # their trials themselves (fleet.Heartbeat).  SQLite gets a lock timeout.
+    kwargs: dict[str, Any] = (
+        {"connect_args": {"timeout": 20.0}} if url.startswith("sqlite") else {})
+    beat: dict[str, Any] = {}
+    if fleet.is_fleet(url):
+        # A pooled connection is checked before use: a database restarted
+        # between two calls costs a reconnect, not the worker (or proxy).
+        kwargs["pool_pre_ping"] = True
+        if heartbeat_s is not None:
+            beat = fleet.storage_kwargs(heartbeat_s)
+            fleet.quiet_heartbeat_warning()
+    with warnings.catch_warnings():
+        # The heartbeat arguments are "experimental" in Optuna's words:
+        # a warning on every worker's start says nothing to its user.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        for attempt in range(5):
+            try:
+                # Read-only: never create Optuna's tables in an empty
+                # database (nor check/migrate its schema version).
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs=kwargs, **beat, skip_table_creation=read_only)
+            except (IntegrityError, ProgrammingError) as exc:
+                # Workers started together on an empty database race to
+                # create Optuna's tables (PostgreSQL's IF NOT EXISTS is
+                # not atomic): the loser finds them made on a retry.  The
+                # race shows as a unique violation or, for the enum types,
+                # as 'type "studydirection" already exists' (seen in CI
+                # with three workers).
+                lost_race = isinstance(exc, IntegrityError) or \
+                    "already exists" in str(exc)
+                if attempt == 4 or not lost_race:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
 
 
 def sqlite_ro_url(path: Path) -> str:

@@ -153,9 +153,6 @@ def _launch(prep: Prepared, study: optuna.Study, trial: optuna.Trial, params: di
     def ready(startup_s: float) -> None:
         rec.startup_s = startup_s
 
-    def progress(text: str) -> None:
-        reporter.trial_phase(n, "measuring", text)
-
     for attempt in range(3):
         port = free_port()
         spec = trial_spec(prep.engine, params, prep.ctx, port)
@@ -176,7 +173,8 @@ def _launch(prep: Prepared, study: optuna.Study, trial: optuna.Trial, params: di
             m = measure_server(
                 spec, log_path, bench_config(prep, spec, cfg.workload),
                 startup_timeout=cfg.startup_timeout, classify=prep.engine.classify,
-                progress=progress, watch=watch, capacity=plan,
+                progress=lambda text: reporter.trial_phase(n, "measuring", text),
+                watch=watch, capacity=plan,
                 on_tick=lambda s: reporter.trial_phase(n, "starting", f"{s:.0f} s"),
                 on_ready=ready, before=before, after=after,
                 # A server that died under load is a failed config, not a
@@ -187,20 +185,26 @@ def _launch(prep: Prepared, study: optuna.Study, trial: optuna.Trial, params: di
                 rec.measure_s = exc.measurement.measure_s
             if exc.reason in _RETRYABLE and attempt < 2:
                 continue
-            rec.status = (TrialStatus.STARTUP_FAILED if rec.measure_s is None
-                          else TrialStatus.LOAD_FAILED)
-            rec.reason, rec.detail = exc.reason, exc.detail or exc.message
-            knobs = (prep.engine.memory_asks(rec.detail or "") if rec.measure_s is None
-                     else ())
-            asked = {k: params[k] for k in knobs if k in params}
-            if asked:  # what this start asked for: learned, see _learned_refusal
-                trial.set_user_attr(Attr.OVER_REQUEST, asked)
+            _failed(prep, trial, params, rec, exc)
             return None
         rec.measure_s = m.measure_s
         if m.start_phases is not None:
             rec.start_phases = m.start_phases.to_dict()
         return _Launched(m, lower, quality[0] if quality else None)
     raise AssertionError("unreachable: the last attempt returns")
+
+
+def _failed(prep: Prepared, trial: optuna.Trial, params: dict[str, Any], rec: TrialRecord,
+            exc: ServerError) -> None:
+    """A config that failed to start or under load, in its record; a start
+    refused for memory keeps what it asked for (see _learned_refusal)."""
+    rec.status = (TrialStatus.STARTUP_FAILED if rec.measure_s is None
+                  else TrialStatus.LOAD_FAILED)
+    rec.reason, rec.detail = exc.reason, exc.detail or exc.message
+    knobs = prep.engine.memory_asks(rec.detail or "") if rec.measure_s is None else ()
+    asked = {k: params[k] for k in knobs if k in params}
+    if asked:
+        trial.set_user_attr(Attr.OVER_REQUEST, asked)
 
 
 def _tell_measured(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
