@@ -307,14 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     tok = resolve_model(None).tokenizer_dir
     n_max = max(a.requests, a.serial_requests)
     try:  # the sequence qtune's run_load draws
-        from qtune.load.workload import RequestSource
+        from qtune.load.prompts import RequestSource
 
         wl = Workload(input_len=a.input_len, output_len=a.output_len, requests=n_max,
                       warmup_requests=0, seed=a.seed, concurrency=1)
         prompts = [(r.prompt, r.prompt_tokens)
                    for r in RequestSource(wl, tok, a.seed).take(n_max)]
     except ImportError:  # older qtune
-        from qtune.load.workload import PromptFactory
+        from qtune.load.prompts import PromptFactory
 
         pf = PromptFactory(tok, a.seed)
         prompts = [pf.prompt(a.input_len) for _ in range(n_max)]

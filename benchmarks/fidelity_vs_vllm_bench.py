@@ -252,9 +252,9 @@ def measured_prompts(tok: Path, a: argparse.Namespace) -> list[tuple[str, int]]:
     wl = Workload(input_len=a.input_len, output_len=a.output_len, rate=a.rate,
                   requests=a.requests, warmup_requests=0, seed=a.seed)
     try:
-        from qtune.load.workload import RequestSource
+        from qtune.load.prompts import RequestSource
     except ImportError:  # older qtune: prompts drawn straight from PromptFactory
-        from qtune.load.workload import PromptFactory
+        from qtune.load.prompts import PromptFactory
 
         pf = PromptFactory(tok, a.seed)
         return [pf.prompt(a.input_len) for _ in range(a.requests)]

@@ -64,7 +64,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from qtune.load.workload import Workload  # noqa: E402
-from qtune.report import PAD, H, W, _axes, _scale  # noqa: E402
+from qtune.plots import PAD, H, W, axes, scale  # noqa: E402
 from qtune.search.config import TuneConfig  # noqa: E402
 from qtune.search.inputs import prepare  # noqa: E402
 from qtune.search.replay import (  # noqa: E402
@@ -244,9 +244,9 @@ def gap_bands(outs: list[Outcome], methods: list[str], budgets: list[int]) -> Ba
 def svg(meds: Bands, budgets: list[int]) -> str:
     """Median gap (line) and IQR (band) against the budget, per method."""
     ys = [v for pts in meds.values() for p in pts for v in p[1:]] + [0.0]
-    fx, *_ = _scale([float(b) for b in budgets], PAD + 8, W - 110)
-    fy, lo_y, hi_y = _scale(ys, H - PAD - 8, 36)
-    out = _axes("pick's true gap to the table's best (median, IQR band)", "launches",
+    fx, *_ = scale([float(b) for b in budgets], PAD + 8, W - 110)
+    fy, lo_y, hi_y = scale(ys, H - PAD - 8, 36)
+    out = axes("pick's true gap to the table's best (median, IQR band)", "launches",
                 "gap %")
     for i, (m, pts) in enumerate(meds.items()):
         c = COLOURS.get(m, EXTRA_COLOURS[i % len(EXTRA_COLOURS)])

@@ -29,7 +29,8 @@ from qtune.errors import InputError, UnreachableError, mask_url, printable
 from qtune.launch import IGNORE_EOS, MetricNames
 from qtune.load import run_load
 from qtune.load.http import request_json
-from qtune.load.workload import ServerTokenizer, Workload
+from qtune.load.prompts import ServerTokenizer
+from qtune.load.workload import Workload
 from qtune.metrics import goodput, in_flight_at_sends, keeps_up, metric_value, summarize
 from qtune.objectives import SLO
 from qtune.seeds import Phase

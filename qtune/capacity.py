@@ -36,6 +36,12 @@ no floor, no early stop), kept to measure the fast one against
 ``CapacityPlan(confirm=True)`` is the confirmation's probe: one sustained
 probe (twice the window) at a capacity found earlier, on a fresh start, and
 when it does not hold, one at the plan's ``fallback`` on the same start.
+
+Over 500 lines: the search (``_Search``, about 300) keeps the bracket, the
+floor's early stop, the re-measure and the confirmation around one probe
+method, which is what keeps "fresh prompts, sustained windows, a soft
+failure measured again" true on every path; the plan and result types
+beside it are what the study and the report read.
 """
 
 from __future__ import annotations

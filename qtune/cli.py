@@ -3,6 +3,11 @@
 Errors are caught once, in ``main``: a ``QtuneError`` prints one line and a
 hint and exits 1 (2 for usage errors from Typer); ``--debug`` shows the
 traceback instead.  Human output goes to stderr, ``--json`` to stdout.
+
+Over 500 lines: one Typer command per qtune command (their options are the
+help people read, so they stay next to the command), each only parsing and
+calling one entrypoint; the option groups live in ``cli_options`` and
+``qtune.options``.
 """
 
 from __future__ import annotations

@@ -2,6 +2,10 @@
 
 Human output goes to stderr so that ``--json`` output on stdout stays
 machine-readable; the JSON itself is printed by the CLI.
+
+Over 500 lines on purpose: all human output lives here (one renderer per
+command, and the live search reporter), so that no other module prints or
+imports rich, and untrusted text has one way to the terminal.
 """
 
 from __future__ import annotations

@@ -20,14 +20,9 @@ import optuna
 from qtune.errors import InputError
 from qtune.objectives import Objective, get_objective, parse_slo
 from qtune.quality import Quality
+from qtune.search.gain import gain_interval, objective_pair, one_run_a_side
 from qtune.search.records import StudyAttr, TrialRecord, maximizes, ran_trials
-from qtune.search.result import (
-    baseline_for,
-    gain_interval,
-    objective_pair,
-    one_run_a_side,
-    winner,
-)
+from qtune.search.result import baseline_for, winner
 
 
 @dataclasses.dataclass(frozen=True)

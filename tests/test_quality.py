@@ -113,7 +113,9 @@ def test_the_shipped_texts_are_real_english_with_their_source_and_licence():
 
 
 def test_the_builtin_prompt_set_is_a_workload():
-    from qtune.load.workload import RequestSource, Workload, dataset_file
+    from qtune.load.datasets import dataset_file
+    from qtune.load.prompts import RequestSource
+    from qtune.load.workload import Workload
 
     wl = Workload(dataset="builtin:python-docs", requests=4)
     src = RequestSource(wl, None, seed=0)

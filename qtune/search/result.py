@@ -22,6 +22,7 @@ from qtune.profile import EngineInfo, Profile, StudyRef
 from qtune.quality import Quality
 from qtune.search.choice import engine_summary, summary_lines
 from qtune.search.fleet import FleetAttr
+from qtune.search.gain import objective_pair
 from qtune.search.inputs import Prepared, at_load
 from qtune.search.records import (
     BELOW,
@@ -326,125 +327,6 @@ def _metrics_view(rec: TrialRecord | None) -> dict[str, Any] | None:
         view[k] = round(s[k], 4)
     view.update({k: s[k] for k in ("completed", "failed", "truncated")})
     return view
-
-
-def _separated(w: dict[str, Any], b: dict[str, Any], best: TrialRecord,
-               wb: tuple[float, float], bb: tuple[float, float]) -> bool:
-    """Whether a capacity gain is more than the noise.  With runs on fresh
-    starts where the defaults were asked to hold a load (``asked``, what each
-    run ``held``): separated when the winner held on every fresh start and
-    every defaults run was asked no more than the lowest load the winner
-    held there and did not hold it; not when a defaults run held that load.
-    Otherwise, when their brackets do not meet.  (A study written before
-    ``asked`` was kept: the defaults' one challenge ``load``.)"""
-    won = [float(v) for v in w.get("fresh") or []]
-    if won and isinstance(b.get("asked"), list) and b["asked"]:
-        floor = min(won)
-        pairs = list(zip(b["asked"], b.get("held") or [], strict=False))
-        if not w.get("failures") and all(
-                a <= floor and (h is None or h < a) for a, h in pairs):
-            return True
-        if any(h is not None and h >= floor for _, h in pairs):
-            return False
-    elif won and b.get("load") is not None and b["load"] >= (best.value or 0):
-        return bool(b.get("failures")) and not b.get("fresh") and not w.get("failures")
-    return bool(bb[1] <= wb[0] or wb[1] <= bb[0])
-
-
-def _bracket(conf: dict[str, Any]) -> tuple[float, float] | None:
-    """A confirmed capacity's [held, failed) bracket (failed: inf when no load
-    above it failed), or None for other objectives."""
-    b = conf.get("bracket")
-    if not b or b[0] is None:
-        return None
-    return float(b[0]), float("inf") if b[1] is None else float(b[1])
-
-
-def _runs(conf: dict[str, Any]) -> list[float]:
-    """A confirmed config's fresh runs (its median alone when none is kept)."""
-    return [float(v) for v in conf.get("fresh") or conf.get("values") or [conf["median"]]]
-
-
-def _range(conf: dict[str, Any]) -> tuple[float, float]:
-    """A confirmed config's 95% interval, else the range of its fresh runs
-    (one value from one run)."""
-    if conf.get("ci95"):
-        lo, hi = conf["ci95"]
-        return float(lo), float(hi)
-    runs = _runs(conf)
-    return min(runs), max(runs)
-
-
-def _spread(conf: dict[str, Any]) -> tuple[float, float] | None:
-    """``_range``, but None from one run: a range of one value is no
-    interval (the quickstart printed [1.25, 1.25] from one fresh run a side)."""
-    return _range(conf) if conf.get("ci95") or len(_runs(conf)) >= 2 else None
-
-
-def one_run_a_side(study: optuna.Study, best: TrialRecord, baseline: TrialRecord) -> bool:
-    """Whether the winner and the defaults were both confirmed, but one of
-    them on a single fresh run: their gain has no interval."""
-    conf = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
-    w, b = conf.get(str(best.number)), conf.get(str(baseline.number))
-    if not w or not b or best.number == baseline.number:
-        return False
-    return _spread(w) is None or _spread(b) is None
-
-
-def gain_interval(study: optuna.Study, best: TrialRecord, baseline: TrialRecord,
-                  maximize: bool) -> tuple[float, float] | None:
-    """The gain over the defaults as an interval from the confirmation's
-    (the winner's, the defaults') 95% intervals or ranges: the ratio of the
-    far ends; None without both confirmed."""
-    conf = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
-    w, b = conf.get(str(best.number)), conf.get(str(baseline.number))
-    if not w or not b or best.number == baseline.number:
-        return None
-    ws, bs = _spread(w), _spread(b)
-    if ws is None or bs is None:
-        return None
-    (wl, wh), (bl, bh) = ws, bs
-    if min(wl, wh, bl, bh) <= 0:
-        return None
-    return (wl / bh, wh / bl) if maximize else (bl / wh, bh / wl)
-
-
-def objective_pair(study: optuna.Study, best: TrialRecord,
-                   baseline: TrialRecord | None) -> dict[str, Any]:
-    """The winner's and the defaults' objective as the improvement compares
-    them: the medians of the confirmation rounds when both were re-measured
-    (the winner is picked by median, so its first run may be worse than the
-    defaults' first run), else each one's single run."""
-    conf = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
-    if baseline is not None and str(best.number) in conf and str(baseline.number) in conf:
-        w, b = conf[str(best.number)], conf[str(baseline.number)]
-        out = {"best": w["median"], "baseline": b["median"],
-               "basis": "median of the confirmation runs"}
-        if best.number != baseline.number:
-            wb, bb = _bracket(w), _bracket(b)
-            if wb is not None and bb is not None:
-                # Capacities: each a bracket [held, failed), the gain between
-                # the ratios of their ends.  Separated when, on fresh starts,
-                # the winner held a load and the defaults, asked to hold it,
-                # did not (whatever lower load they held then); without that
-                # challenge, when their brackets do not meet.
-                out["separated"] = _separated(w, b, best, wb, bb)
-                out["interval"] = [wb[0] / bb[1], wb[1] / bb[0] if bb[0] else None]
-                return out
-            # Overlapping intervals (or, under 3 runs, ranges): the gain is
-            # within this host's noise (seen on CPU: 1.05x here, then
-            # 1.00x [0.87, 1.32] in verify).
-            (wl, wh), (bl, bh) = _range(w), _range(b)
-            out["separated"] = bool(wh < bl or bh < wl)
-        return out
-    if str(best.number) in conf:
-        # Re-measured without the defaults beside it (they were not
-        # feasible): its own median, against the defaults' one run.
-        return {"best": conf[str(best.number)]["median"],
-                "baseline": baseline.value if baseline else None,
-                "basis": "its confirmation median against the defaults' one run"}
-    return {"best": best.value, "baseline": baseline.value if baseline else None,
-            "basis": "one run each"}
 
 
 def _quality_view(rec: TrialRecord, max_loss: float) -> dict[str, Any] | None:

@@ -1,6 +1,11 @@
 """The study's run: the engine defaults first, then the engine's seeds, the
 start design and the sampler's trials, within the trial count and time
-budget, then the top-K confirmation."""
+budget, then the top-K confirmation.
+
+Over 500 lines, not yet as issue 30 asks: one host and a fleet, one engine
+and several, ``--finish`` and ``--pick`` are still conditionals here rather
+than flows composed around the trial lifecycle (``qtune.search.trial``,
+where a trial's outcome is told in one place)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ import pytest
 
 from qtune.errors import InputError
 from qtune.load import inter_arrivals
-from qtune.load.workload import Lengths, RequestSource, Workload, load_workload_file
+from qtune.load.prompts import RequestSource
+from qtune.load.workload import Lengths, Workload, load_workload_file
 from qtune.model import generated_tokenizer
 
 
@@ -211,7 +212,7 @@ def test_bad_dataset_is_refused_when_the_workload_is_built(tmp_path, content, wh
 def test_dataset_is_parsed_once_per_file_version(tmp_path):
     import dataclasses
 
-    from qtune.load import workload as wmod
+    from qtune.load import datasets as wmod
 
     f = tmp_path / "d.jsonl"
     f.write_text(json.dumps({"prompt": "a b c d", "output_tokens": 4}) + "\n")

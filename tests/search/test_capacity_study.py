@@ -114,22 +114,27 @@ def test_a_config_that_holds_the_incumbent_is_searched_upward(slots, tmp_path):
     # The winner's capacity sits at its knee too: its search found 30.6 req/s
     # where 6 slots give 30, and held it over two windows in the trial's
     # re-measure; its confirmation over two windows on a fresh start then
-    # failed it once and held the rung below (the CI run of 082f37a).  Either
-    # way the fresh start holds one load, never below the defaults', and the
-    # defaults are challenged at the winner's load.
+    # failed it and held the rung below, the highest load its search held
+    # under it (the CI run of 082f37a).  That rung may be the defaults' own
+    # capacity (the floor its search started from), or barely above it:
+    # then the defaults may hold it too, and "no gain beyond the noise" is
+    # the right verdict.  The clean case is asserted in full.
     conf = res.profile.metrics["confirmation"]
     won, defaults = conf[str(better.number)], conf[str(base.number)]
+    obj = res.profile.metrics["objective"]
     (held,) = won["fresh"]
     assert not won["failures"]
     if held != better.value:
-        assert base.value < held < better.value, (held, better.value)
+        assert base.value <= held < better.value, (held, better.value)
         assert "did not hold on a fresh start" in won["runs"][0]
         assert won["bracket"] == [held, better.value]
-    assert defaults["load"] in (better.value, held)
+        challenged = [r for r in defaults["runs"] if "did not hold on a fresh start" in r]
+        assert obj["separated"] is bool(challenged), (defaults, obj)
+        return
+    assert defaults["load"] == better.value
     assert "did not hold on a fresh start" in defaults["runs"][0]
     if defaults["failures"]:
         assert defaults["failures"] == 1 and not defaults["fresh"]
     else:
         assert defaults["fresh"] == [base.value] and base.value < better.value
-    obj = res.profile.metrics["objective"]
     assert obj["separated"] is True and obj["interval"][0] > 1.0

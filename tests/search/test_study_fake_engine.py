@@ -386,7 +386,7 @@ def test_a_seed_left_for_a_resume_runs_as_itself(fake, monkeypatch):
 def test_an_improvement_inside_the_noise_is_flagged():
     from types import SimpleNamespace
 
-    from qtune.search.result import objective_pair
+    from qtune.search.gain import objective_pair
 
     def rec(n):
         return SimpleNamespace(number=n, value=None)
@@ -407,7 +407,7 @@ def test_run_13_a_winner_confirmed_one_rung_lower_is_compared_at_what_held():
     from types import SimpleNamespace
 
     from qtune.search.confirm import confirmed_bracket
-    from qtune.search.result import objective_pair
+    from qtune.search.gain import objective_pair
 
     win = confirmed_bracket([27.5, 30.0], [25.0], [27.5])
     base = confirmed_bracket([20.0, 22.0], [20.0], [25.0])
