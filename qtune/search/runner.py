@@ -2,22 +2,19 @@
 start design and the sampler's trials, within the trial count and time
 budget, then the top-K confirmation.
 
-Over 500 lines, not yet as issue 30 asks: one host and a fleet, one engine
-and several, ``--finish`` and ``--pick`` are still conditionals here rather
-than flows composed around the trial lifecycle (``qtune.search.trial``,
-where a trial's outcome is told in one place)."""
+Who else works on the study (one host, or a fleet's workers) is one object
+the run asks (``qtune.search.coordination``), not a condition here; one
+engine and several, ``--finish`` and ``--pick`` are still conditionals,
+not yet the separate flows issue 30 asks for."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
-from sqlalchemy.exc import SQLAlchemyError
 
 from qtune.engines.base import LoadView
 from qtune.errors import StudyError, mask_url
@@ -32,10 +29,10 @@ from qtune.search.budget import (
 from qtune.search.choice import qualified, suggest
 from qtune.search.config import TuneConfig
 from qtune.search.confirm import confirmation, confirmation_plan
+from qtune.search.coordination import OneHost, coordination, launched_count
 from qtune.search.design import pending_seeds, start_design
 from qtune.search.inputs import Prepared, prepare
 from qtune.search.records import (
-    LAUNCHED,
     Attr,
     StudyAttr,
     TrialRecord,
@@ -69,62 +66,54 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
     confirmation of the top configs.  On a database server storage this is
     one worker of a fleet (``qtune.search.fleet``): a lost database stops it
     with one error."""
+    coord = coordination(prep)
     try:
-        return _run_study(prep, reporter)
-    except KeyboardInterrupt:
-        if lost := fleet.lost_reason():
-            raise fleet.lost_database(prep.storage_url, lost) from None
+        return _run_study(prep, coord, reporter)
+    except (KeyboardInterrupt, Exception) as exc:
+        if (lost := coord.lost(exc)) is not None:
+            raise lost from None
         raise
-    except Exception as exc:
-        # A database's errors, or (through the proxy) gRPC's.
-        storage_errors = (optuna.exceptions.StorageInternalError, SQLAlchemyError,
-                          *fleet.rpc_errors())
-        if not fleet.is_fleet(prep.storage_url) or not isinstance(exc, storage_errors):
-            raise
-        cause = exc.__cause__ or exc
-        raise fleet.lost_database(prep.storage_url,
-                                  fleet.describe_error(cause)[:250]) from None
 
 
-def _run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
+def _run_study(prep: Prepared, coord: OneHost, reporter: Reporter) -> TuneResult:
     """Three flows around one study: ``--pick`` writes one trial's profile
     (nothing runs, the storage is read-only); ``--finish`` concludes a study
     its workers ran; else the search (open or join, then sample) and, on
     the worker that claims it, the conclusion."""
-    study, opener = _open_study(prep)
+    study, opener = _open_study(prep, coord)
     reporter.study_started(_study_info(prep))
     if prep.cfg.pick is not None:
         return finish(_shape(prep, study, reporter), study)
-    is_fleet = fleet.is_fleet(prep.storage_url)
-    started = fleet.started_at(study) if is_fleet else time.monotonic()
+    started = coord.started(study)
     if prep.cfg.fleet.finish:
         return _conclude(_shape(prep, study, reporter), study, reporter, started, None)
-    prep, stop_reason = _search(prep, study, reporter, started, opener)
+    prep, stop_reason = _search(prep, coord, study, reporter, started, opener)
     if stop_reason:
         reporter.note(f"stopped before --trials: {stop_reason}")
-    if is_fleet and not _claim_finish(prep, study, reporter):
+    if not coord.claim_finish(study, reporter):
         res = _worker_result(prep, study)
         res.stop_reason = stop_reason
         return res
     return _conclude(prep, study, reporter, started, stop_reason)
 
 
-def _search(prep: Prepared, study: optuna.Study, reporter: Reporter, started: float,
-            opener: bool) -> tuple[Prepared, str | None]:
+def _search(prep: Prepared, coord: OneHost, study: optuna.Study, reporter: Reporter,
+            started: float, opener: bool) -> tuple[Prepared, str | None]:
     """The search: the opening (the engine defaults, the seeds, the start
     design) by the worker that opens the study, the space as it shaped it
     for one that joins, then the sampler's trials.  Returns the shaped
     study and why it stopped before --trials (None: it did not)."""
-    if not opener and study.user_attrs.get(fleet.FleetAttr.READY) is None:
-        opener = _wait_for_opening(prep, study, reporter)
+    if not opener:
+        opener = coord.wait_for_opening(study, reporter)
     if opener:
         prep, stop_reason = _opening(prep, study, reporter, started)
+        coord.opened(study)
     else:
         prep, stop_reason = _shape(prep, study, reporter), None
         study.sampler = make_sampler(prep.cfg.sampler, prep.params, prep.cfg.seed,
                                      prep.cfg.trials)
     if not stop_reason:
-        stop_reason = _sampling_loop(prep, study, reporter, started)
+        stop_reason = _sampling_loop(prep, coord, study, reporter, started)
     return prep, stop_reason
 
 
@@ -149,8 +138,6 @@ def _opening(prep: Prepared, study: optuna.Study, reporter: Reporter,
         # Queued only when the loop will take them: a queued point left over
         # would come out of a later ask() in place of what was queued then.
         start_design(prep, study, reporter)
-    if fleet.is_fleet(prep.storage_url):
-        study.set_user_attr(fleet.FleetAttr.READY, fleet.worker_id())
     return prep, stop_reason
 
 
@@ -178,43 +165,6 @@ def _engine_attr(prep: Prepared, sub: Prepared) -> dict[str, Any]:
     return {Attr.ENGINE: sub.engine.name} if prep.engines else {}
 
 
-def _wait_for_opening(prep: Prepared, study: optuna.Study, reporter: Reporter) -> bool:
-    """A worker that joins a study being opened waits for the baseline and
-    the start design (its space is shaped by the baseline).  When the
-    opener died first (nothing has run for a grace period), one waiting
-    worker takes the opening over; returns whether this one did."""
-    reporter.note("waiting for the study's opening (engine defaults, start design) "
-                  "by the worker that created it")
-    grace = prep.cfg.fleet.heartbeat_s * fleet.GRACE_BEATS
-    idle_since = time.monotonic()
-    while study.user_attrs.get(fleet.FleetAttr.READY) is None:
-        fleet.reclaim(study, prep.cfg.fleet.heartbeat_s)
-        if fleet.running(study):
-            idle_since = time.monotonic()
-        elif time.monotonic() - idle_since > grace and \
-                fleet.claim(study, f"open-{len(study.get_trials(deepcopy=False))}"):
-            reporter.note("the worker that opened the study is gone: this one "
-                          "completes the opening")
-            return True
-        time.sleep(min(5.0, prep.cfg.fleet.heartbeat_s / 2))
-    return False
-
-
-def _claim_finish(prep: Prepared, study: optuna.Study, reporter: Reporter) -> bool:
-    """Whether this worker runs the confirmation and writes the profile:
-    once every running trial has ended, the first to claim it."""
-    while fleet.running(study):
-        fleet.reclaim(study, prep.cfg.fleet.heartbeat_s)
-        if not fleet.running(study):
-            break
-        time.sleep(min(5.0, prep.cfg.fleet.heartbeat_s / 2))
-    if fleet.claim(study, f"finish-{launched_count(study)}"):
-        return True
-    reporter.note("another worker confirms the top configs and writes the profile "
-                  f"(or run: qtune search --study {prep.study_name} --finish)")
-    return False
-
-
 def _worker_result(prep: Prepared, study: optuna.Study) -> TuneResult:
     """What a worker that does not finish the study reports: its trials and
     the best so far, no profile (the finishing worker writes it)."""
@@ -225,7 +175,7 @@ def _worker_result(prep: Prepared, study: optuna.Study) -> TuneResult:
         profile_path=None, profile=None, improvement=None)
 
 
-def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
+def _open_study(prep: Prepared, coord: OneHost) -> tuple[optuna.Study, bool]:
     """Create the study, or load it to resume (its runs left RUNNING by a
     killed qtune failed), and record what it is run with.  Also whether this
     process opens it (runs the baseline and queues the start design): on
@@ -235,8 +185,7 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if cfg.pick is not None:
         return _open_to_pick(prep), False
-    is_fleet = fleet.is_fleet(prep.storage_url)
-    study, opener = _create_or_join(prep, is_fleet)
+    study, opener = _create_or_join(prep, coord)
     want = (["maximize", "minimize"] if prep.direction == "pareto" else [prep.direction])
     have = [d.name.lower() for d in study.directions]
     if have != want:  # create_study checks this only for a study it loads itself
@@ -247,14 +196,7 @@ def _open_study(prep: Prepared) -> tuple[optuna.Study, bool]:
     # (a re-pick, which measures nothing, returned above: any host may write it)
     fleet.check_hosts(study, fleet.host_facts(prep.host, prep.ctx.install),
                       cfg.fleet.allow_mixed_hosts, prep.study_name)
-    if is_fleet:
-        # Other workers' trials are RUNNING too: only the stale ones fail.
-        fleet.reclaim(study, cfg.fleet.heartbeat_s)
-    else:
-        # Journal storage has no heartbeat: trials left RUNNING by a killed
-        # qtune would bias the constant-liar sampler forever.  Fail them on resume.
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            study.tell(t.number, state=TrialState.FAIL)
+    coord.tidy(study)
     _record_setup(study, prep)
     prep.study_dir.mkdir(parents=True, exist_ok=True)
     return study, opener
@@ -273,13 +215,13 @@ def _open_to_pick(prep: Prepared) -> optuna.Study:
                          hint="--pick writes a profile of an existing study") from None
 
 
-def _create_or_join(prep: Prepared, is_fleet: bool) -> tuple[optuna.Study, bool]:
+def _create_or_join(prep: Prepared, coord: OneHost) -> tuple[optuna.Study, bool]:
     """The study created (or on one host resumed), joined in a fleet when
     another worker made it, or loaded by --finish; and whether this process
     opens it."""
     cfg = prep.cfg
     storage = open_storage(prep.storage_url,
-                           heartbeat_s=cfg.fleet.heartbeat_s if is_fleet else None)
+                           heartbeat_s=coord.heartbeat_s)
     # pareto: maximise throughput, minimise the latency percentile.
     dirs = ({"directions": ["maximize", "minimize"]} if prep.direction == "pareto"
             else {"direction": prep.direction})
@@ -289,7 +231,7 @@ def _create_or_join(prep: Prepared, is_fleet: bool) -> tuple[optuna.Study, bool]
             return optuna.load_study(study_name=prep.study_name, storage=storage,
                                      sampler=sampler), False
         return optuna.create_study(study_name=prep.study_name, storage=storage,
-                                   sampler=sampler, load_if_exists=not is_fleet,
+                                   sampler=sampler, load_if_exists=not coord.joins,
                                    **dirs), True
     except KeyError:
         raise StudyError(f"--finish: no study {prep.study_name} in "
@@ -349,15 +291,6 @@ def _study_info(prep: Prepared) -> dict[str, Any]:
     }
 
 
-def launched_count(study: optuna.Study) -> int:
-    """Trials that launched a server (the count --trials limits)."""
-    return sum(
-        1 for t in study.get_trials(deepcopy=False)
-        if t.user_attrs.get(Attr.STATUS) in LAUNCHED
-        and Attr.SERVER_OF not in t.user_attrs  # --levels: no launch of its own
-    )
-
-
 def _has_baseline(prep: Prepared, study: optuna.Study, engine: str | None = None) -> bool:
     """Whether the engine defaults ran already (a resume runs them once);
     ``engine``: whose, in a study across engines."""
@@ -414,8 +347,8 @@ def _run_seeds(prep: Prepared, study: optuna.Study, reporter: Reporter,
     return stop_reason
 
 
-def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
-                   started: float) -> str | None:
+def _sampling_loop(prep: Prepared, coord: OneHost, study: optuna.Study,
+                   reporter: Reporter, started: float) -> str | None:
     """Ask the sampler for trials until --trials launches; why it stopped
     early, if it did."""
     cfg = prep.cfg
@@ -423,7 +356,6 @@ def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
     dists = distributions(prep.params) if not prep.engines else None
     stop_reason = None
     invalid_run = 0
-    is_fleet = fleet.is_fleet(prep.storage_url)
     while launched_count(study) < cfg.trials:
         if invalid_run >= 25:
             # Every recent proposal was refused without a launch: what is left
@@ -436,22 +368,16 @@ def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
                 study.sampler.is_exhausted(study):
             stop_reason = "every grid point has been tried"
             break
-        if is_fleet:
-            fleet.reclaim(study, cfg.fleet.heartbeat_s)
-            if launched_count(study) + fleet.running(study) >= cfg.trials:
-                # The budget is taken by other workers' running trials: wait
-                # for them (one may die, and its trial come back queued).
-                time.sleep(min(5.0, cfg.fleet.heartbeat_s / 2))
-                continue
+        if coord.taken(study):
+            continue
         trial = study.ask(dists)
         sub, values = prep, trial.params
         if prep.engines:
             sub, values = suggest(prep, trial)
-        with _beating(sub, study, trial, reporter):
-            if is_fleet and launched_count(study) + fleet.running(
-                    study, before=trial.number) >= cfg.trials:
-                _give_back(study, trial)  # another worker asked first
-                continue
+        # (the trial's own engine's host facts: --engine a,b)
+        with coordination(sub).running(study, trial, reporter):
+            if coord.asked_past_budget(study, trial):
+                continue  # another worker asked first
             # A trial queued without params (a seed re-run for a dead worker)
             # carries its launch params.
             params = trial.user_attrs.get(Attr.LAUNCH_PARAMS) or \
@@ -474,40 +400,6 @@ def _sampling_loop(prep: Prepared, study: optuna.Study, reporter: Reporter,
             run_trial(sub, study, trial, params, reporter,
                       budget=_budget(prep, study, started))
     return stop_reason
-
-
-@contextlib.contextmanager
-def _beating(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
-             reporter: Reporter) -> Iterator[None]:
-    """Record the worker's host facts on the trial; in a fleet, beat it
-    while it runs, and note which dead worker's trial it re-runs."""
-    attrs = fleet.trial_attrs(fleet.host_facts(prep.host, prep.ctx.install))
-    if not fleet.is_fleet(prep.storage_url):
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
-        yield
-        return
-    # The first beat before anything else: the window in which a killed
-    # worker leaves a trial never beaten (fleet.reclaim fails it) stays short.
-    with fleet.beating(study, trial, prep.cfg.fleet.heartbeat_s):
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
-        note = fleet.note_retry(study, trial, prep.cfg.fleet.heartbeat_s * fleet.GRACE_BEATS)
-        if note:
-            reporter.note(f"trial {trial.number} {note}")
-        yield
-
-
-def _give_back(study: optuna.Study, trial: optuna.Trial) -> None:
-    """A trial asked past the study-wide budget (two workers asked at once):
-    close it unrun, and queue its point again if it was a queued one."""
-    frozen = optuna_api.frozen(study, trial)
-    queued = "fixed_params" in frozen.system_attrs or "failed_trial" in frozen.system_attrs
-    study.tell(trial, state=TrialState.FAIL)
-    if queued:
-        keep = {k: v for k, v in frozen.user_attrs.items()
-                if k not in (fleet.FleetAttr.WORKER, fleet.FleetAttr.HOST_FACTS)}
-        study.enqueue_trial(dict(frozen.params), user_attrs=keep)
 
 
 def _speculative(prep: Prepared, study: optuna.Study, reporter: Reporter,
@@ -543,7 +435,7 @@ def _run_unsampled(prep: Prepared, study: optuna.Study, reporter: Reporter,
         trial.set_user_attr(k, v)
     if note:
         reporter.note(f"trial {trial.number}: {note}")
-    with _beating(prep, study, trial, reporter):
+    with coordination(prep).running(study, trial, reporter):
         if violations := prep.engine.check(params, prep.ctx):
             # The engine defaults with what --space fixes, which the engine
             # would refuse at start (an fp8 KV cache on a CPU without
