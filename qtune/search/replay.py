@@ -350,7 +350,7 @@ def replay_search(prep: Any, table: Table, method: str, budget: int, seed: int,
     space and workload; the study's files go under ``work``."""
     import dataclasses
 
-    from qtune.search import runner
+    from qtune.search import design, runner
     from qtune.search.reporter import NullReporter
 
     stand = StandIn(table, _spec_of(prep), random.Random(seed))
@@ -372,7 +372,7 @@ def replay_search(prep: Any, table: Table, method: str, budget: int, seed: int,
     with contextlib.ExitStack() as stack:
         if method == "design":
             # The design takes every launch the budget leaves after the defaults.
-            stack.enter_context(mock.patch.object(runner, "startup_trials",
+            stack.enter_context(mock.patch.object(design, "startup_trials",
                                                   lambda t: max(t - 1, 1)))
         stack.enter_context(standing_in(stand))
         res = runner.run_study(run_prep, NullReporter())

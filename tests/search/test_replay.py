@@ -104,6 +104,15 @@ def test_the_search_runs_its_own_code_and_only_the_measurement_is_replayed(tiny)
             assert la.value in [tiny.table.value(r) for r in tiny.table.runs[la.key]]
 
 
+def test_the_design_method_takes_the_launches_after_the_defaults(tiny):
+    """replay_search's "design": the start design takes every launch the
+    budget leaves after the defaults (it patched a name the runner no longer
+    had, and raised AttributeError, until the review of 2026-12-05)."""
+    out = replay_search(tiny.prep, tiny.table, "design", BUDGET, 0, tiny.work)
+    assert len(out.launches) == BUDGET and out.launches[0].key == ""
+    assert out.pick in tiny.table.runs
+
+
 def test_the_confirmation_is_replayed_too(tiny):
     out = replay_search(tiny.prep, tiny.table, "tpe+confirm", 12, 0, tiny.work)
     # 4 search launches, then the top 3 and the defaults re-measured twice
