@@ -20,7 +20,7 @@ import optuna
 from qtune.errors import InputError
 from qtune.objectives import Objective, get_objective, parse_slo
 from qtune.quality import Quality
-from qtune.search.gain import gain_interval, objective_pair, one_run_a_side
+from qtune.search.gain import chance_apart, gain_interval, objective_pair, one_run_a_side
 from qtune.search.records import StudyAttr, TrialRecord, maximizes, ran_trials
 from qtune.search.result import baseline_for, winner
 
@@ -291,7 +291,12 @@ def recommend(study: optuna.Study) -> Recommendation:
         interval = gain_interval(study, best, baseline, obj.direction == "maximize")
     basis = str(pair.get("basis", "one run each"))
     if interval is None and baseline is not None and one_run_a_side(study, best, baseline):
-        basis += ": one fresh run each, too few for an interval (--confirm-repeats 2)"
+        basis += ": one fresh run each, too few for an interval (--confirm-repeats 3)"
+    elif baseline is not None and pair.get("separated") and \
+            (apart := chance_apart(study, best, baseline)) is not None:
+        n, m, p = apart
+        basis += (f"; {n} and {m} fresh runs: runs this far apart happen by chance 1 "
+                  f"time in {round(1 / p)} (--confirm-repeats 3: 1 in 20)")
     why = _not_confirmed_why(study, best, baseline, pair)
     unit = unit_of(objective, workload)
     cap = (best.summary or {}).get("capacity") or {}

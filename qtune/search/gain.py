@@ -6,6 +6,7 @@ interval, or why there is none."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import optuna
@@ -74,6 +75,25 @@ def one_run_a_side(study: optuna.Study, best: TrialRecord, baseline: TrialRecord
     if not w or not b or best.number == baseline.number:
         return False
     return _spread(w) is None or _spread(b) is None
+
+
+def chance_apart(study: optuna.Study, best: TrialRecord,
+                 baseline: TrialRecord) -> tuple[int, int, float] | None:
+    """With fewer than 3 fresh runs a side the gain is judged on ranges, and
+    "separated" means every winner's run beat every defaults' run.  If all
+    the runs were alike (exchangeable), that happens by chance with
+    probability 1 / C(n + m, n) for n and m runs: 1 in 6 for two a side
+    (the quickstart's 1.01x, 2026-12-05), 1 in 20 for three.  Returns
+    (n, m, that chance), or None where it does not apply (a capacity, one
+    run a side, or three runs or more on either side)."""
+    conf = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
+    w, b = conf.get(str(best.number)), conf.get(str(baseline.number))
+    if not w or not b or best.number == baseline.number or w.get("bracket"):
+        return None
+    n, m = len(w.get("fresh") or []), len(b.get("fresh") or [])
+    if min(n, m) < 1 or max(n, m) < 2 or min(n, m) >= 3:
+        return None
+    return n, m, 1 / math.comb(n + m, n)
 
 
 def gain_interval(study: optuna.Study, best: TrialRecord, baseline: TrialRecord,

@@ -54,7 +54,11 @@ def test_report_recommends_what_the_search_wrote(fake, monkeypatch, tmp_path):
     assert rec["trial"] == profile.study.trial
     f = rec["figure"]
     obj = profile.metrics["objective"]
-    assert f["basis"] == obj["basis"] == "median of the confirmation runs"
+    # (two fresh runs a side, apart: the report adds how often chance does that)
+    assert obj["basis"] == "median of the confirmation runs"
+    assert f["basis"] == obj["basis"] or (
+        f["basis"].startswith(obj["basis"] + "; 2 and 2 fresh runs") and "1 time in 6" in
+        f["basis"])
     if not rec["kept_defaults"]:
         assert f["ratio"] == pytest.approx(obj["improvement"])
         assert f["interval"] is not None and f["interval"][0] <= f["ratio"] <= f["interval"][1]
