@@ -20,7 +20,13 @@ import optuna
 from qtune.errors import InputError
 from qtune.objectives import Objective, get_objective, parse_slo
 from qtune.quality import Quality
-from qtune.search.gain import chance_apart, gain_interval, objective_pair, one_run_a_side
+from qtune.search.gain import (
+    chance_apart,
+    gain_interval,
+    objective_pair,
+    one_run_a_side,
+    overlap_why,
+)
 from qtune.search.records import StudyAttr, TrialRecord, maximizes, ran_trials
 from qtune.search.result import baseline_for, winner
 
@@ -251,7 +257,7 @@ def _not_confirmed_why(study: optuna.Study, best: TrialRecord, baseline: TrialRe
         return ("the engine defaults were not re-measured beside it (they were not "
                 "feasible in the search)")
     if pair.get("separated") is False:
-        return "its confirmation runs overlap the engine defaults': within this host's noise"
+        return overlap_why(study, best, baseline)
     return None
 
 

@@ -392,3 +392,41 @@ def test_the_recommendation_states_the_chance_of_two_runs_apart():
     rec = recommend(study)
     assert rec.figure is not None
     assert "by chance 1 time in 6" in rec.figure.basis, rec.figure.basis
+
+
+def test_one_fresh_run_a_side_is_judged_on_every_start():
+    """One fresh run a side says nothing of the noise, so the gain is judged
+    on every start's run, the search's included: the quickstart from a clean
+    clone (2026-12-06) called 1.02x "confirmed" on 2,401.4 against 2,444.4
+    ms, where each config's own two starts differed by more (2,263.9 and
+    2,356.9 in the search)."""
+    import optuna
+
+    from qtune.recommendation import recommend
+    from qtune.search.records import StudyAttr, TrialRecord, TrialStatus, write_record
+
+    def study_of(win: list[float], base: list[float]) -> optuna.Study:
+        study = optuna.create_study(study_name="q", direction="minimize")
+        study.set_user_attr(StudyAttr.OBJECTIVE, "e2e_p99")
+        for n, value in enumerate((base[0], win[0])):
+            t = study.ask()
+            write_record(t, TrialRecord(t.number, {} if n == 0 else {"max_num_seqs": 4},
+                                        TrialStatus.OK, baseline=n == 0, value=value))
+            study.tell(t, value)
+        study.set_user_attr(StudyAttr.CONFIRMATION, {
+            "1": {"values": win, "fresh": win[1:], "median": win[1], "failures": 0,
+                  "ci95": None},
+            "0": {"values": base, "fresh": base[1:], "median": base[1], "failures": 0,
+                  "ci95": None}})
+        return study
+
+    rec = recommend(study_of([2263.9, 2401.4], [2356.9, 2444.4]))
+    assert rec.figure is not None and not rec.figure.confirmed
+    assert "NOT confirmed" in rec.headline
+    why = rec.figure.why_not_confirmed or ""
+    assert "2,264-2,401" in why and "2,357-2,444" in why and "noise" in why, why
+    # every start of the winner beats every start of the defaults: confirmed,
+    # and still no interval from one fresh run a side
+    rec = recommend(study_of([1700.0, 1750.0], [2100.0, 2164.7]))
+    assert rec.figure is not None and rec.figure.confirmed, rec.figure.why_not_confirmed
+    assert rec.figure.interval is None and "too few for an interval" in rec.figure.basis
