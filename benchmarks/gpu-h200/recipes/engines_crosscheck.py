@@ -46,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parents[1]), str(HERE.parents[2])]  # benchmarks/, the repo (qtune)
 from server_view_ab import vllm_bench_serve  # noqa: E402
 
+from qtune.engines import ENGINES, find_engines, on_this_host  # noqa: E402
 from qtune.launch import LaunchSpec  # noqa: E402
 from qtune.load.prometheus import parse  # noqa: E402
 from qtune.server import Server  # noqa: E402
@@ -222,6 +223,11 @@ def main() -> int:
         # script; the guard's `python -m qtune.guard` finds qtune from the repo, the cwd)
         spec = LaunchSpec(argv=tuple(argv), env=env, host="127.0.0.1",
                           port=int(argv[argv.index("--port") + 1]), served_model=name)
+        # the compile caches the study's starts used (run 16 started without
+        # them: torch.compile 40 s, a miss, against 7 s for the confirmation)
+        install = find_engines(argv[0]).get(eng)
+        if install is not None:
+            spec = on_this_host(ENGINES[eng], spec, install)
         with Server(spec, work / f"x-{label}-server.log") as srv:
             ready = srv.wait_ready(900)
             url = spec.base_url

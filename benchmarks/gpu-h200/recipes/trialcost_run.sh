@@ -13,6 +13,8 @@
 #                             twice the window (engines_crosscheck.py --which winner,defaults
 #                             --at confirmed --scale 2; XARGS overrides the last two); wait
 #   trialcost_run.sh wait     wait for the background chain
+# JIT_CACHE=benchmarks/gpu-h200/run16-trialcost/raw/triton-cache.tgz on "start": measure a
+# host that has run vLLM 0.26 before (its Triton kernels; see the start step).
 # pack_vllm_parts.sh builds .vwheels/ from vLLM 0.26.0's list and recipes/qtune_wheels.txt.
 # Each call copies what exists into $OUT (run.tgz with the journal, logs and outputs), so a
 # call cut short loses only its own part.
@@ -27,6 +29,13 @@ copy)
   copy_part "$2"; exit 0 ;;
 start)
   install_vllm_venv
+  # JIT_CACHE=PATH (a .tgz of ~/.triton and ~/.cache/flashinfer, relative to the repo): a host that has run this
+  # vLLM before keeps the kernels its V2 runner JIT-compiles on a machine's first start
+  # (run 16: 101 s after graph capture on the first start, 9 s on later ones); the lent
+  # machine starts bare, so a run that measures such a host carries them and says so
+  if [ -n "${JIT_CACHE:-}" ]; then
+    tar xzf "$REPO/$JIT_CACHE" -C ~ && echo "jit cache: $JIT_CACHE, $(find ~/.triton -type f | wc -l) files"
+  fi
   echo "SEARCH_ARGS='${SEARCH_ARGS:---trials 8 --time-budget 20}'; CROSSCHECK=${CROSSCHECK:-1}; REPO=$REPO" > $Q/chain.sh
   echo "XARGS='${XARGS:---at confirmed --scale 2}'" >> $Q/chain.sh
   cat >> $Q/chain.sh <<'EOC'
@@ -43,7 +52,9 @@ echo "search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
 # Triton cache (vLLM 0.26's V2 runner JIT-compiles its kernels on a first start: 118 s
 # in run 15) is kept for a later session to carry, as a host that has run vLLM has it
 du -sh ~/.cache/* ~/.triton /tmp/qrepo/studies/*/cache* >> $Q/chain.log 2>&1
-tar czf /tmp/jit-cache.tgz -C ~ .triton 2>/dev/null; ls -la /tmp/jit-cache.tgz >> $Q/chain.log 2>&1
+# FlashInfer's JIT (its sampling kernels, ~/.cache/flashinfer) is the other half: run 17b
+# carried ~/.triton alone and its first start still spent engine init 156 s
+tar czf /tmp/jit-cache.tgz -C ~ .triton .cache/flashinfer 2>/dev/null; ls -la /tmp/jit-cache.tgz >> $Q/chain.log 2>&1
 for f in systemd compose kubernetes; do
   $PY -m qtune emit $Q/h200-trialcost.yaml --format $f -o $Q/emit-$f > $Q/emit-$f.out 2>&1
   echo "emit $f rc=$?" >> $Q/chain.log
