@@ -223,6 +223,16 @@ class TuneConfig:
     # the best config (real weights only); off: never (qtune.search.speculative)
     speculative: str = "auto"
 
+    @property
+    def flow(self) -> str:
+        """Which of the runner's flows this run is: "pick" writes one trial's
+        profile of a finished study, "finish" concludes a study its workers
+        ran, "search" opens or joins one and samples (``qtune.search.runner``).
+        ``check_config`` refuses --pick with --finish."""
+        if self.pick is not None:
+            return "pick"
+        return "finish" if self.fleet.finish else "search"
+
 
 # Study names become file and folder names under studies/ and profiles/:
 # a safe alphabet, no separators, no leading dot (hidden, or "..") and short

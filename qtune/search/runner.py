@@ -2,21 +2,24 @@
 start design and the sampler's trials, within the trial count and time
 budget, then the top-K confirmation.
 
-Who else works on the study (one host, or a fleet's workers) is one object
-the run asks (``qtune.search.coordination``), not a condition here; one
-engine and several, ``--finish`` and ``--pick`` are still conditionals,
-not yet the separate flows issue 30 asks for."""
+Three flows share the study's opening and its trial lifecycle: ``--pick``,
+``--finish`` and the search (``TuneConfig.flow`` says which).  What differs
+between one host and a fleet's workers is one object the run asks
+(``qtune.search.coordination``), and between one engine and several another
+(``qtune.search.engineset``): neither is a condition here."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import optuna
+from optuna.samplers import BaseSampler
+from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from qtune.engines.base import LoadView
 from qtune.errors import StudyError, mask_url
 from qtune.objectives import get_objective
 from qtune.search import fleet, optuna_api
@@ -26,11 +29,11 @@ from qtune.search.budget import (
     over_budget,
     trial_budget,
 )
-from qtune.search.choice import qualified, suggest
 from qtune.search.config import TuneConfig
 from qtune.search.confirm import confirmation, confirmation_plan
 from qtune.search.coordination import OneHost, coordination, launched_count
 from qtune.search.design import pending_seeds, start_design
+from qtune.search.engineset import engines_of, shape
 from qtune.search.inputs import Prepared, prepare
 from qtune.search.records import (
     Attr,
@@ -40,12 +43,7 @@ from qtune.search.records import (
 )
 from qtune.search.reporter import NullReporter, Reporter
 from qtune.search.result import TuneResult, best_trial, finish
-from qtune.search.space import (
-    describe,
-    distributions,
-    make_sampler,
-    tidy,
-)
+from qtune.search.space import make_sampler, tidy
 from qtune.search.speculative import speculative_phase
 from qtune.search.storage import open_storage
 from qtune.search.trial import estimate_memory, refuse, run_trial
@@ -76,17 +74,32 @@ def run_study(prep: Prepared, reporter: Reporter) -> TuneResult:
 
 
 def _run_study(prep: Prepared, coord: OneHost, reporter: Reporter) -> TuneResult:
-    """Three flows around one study: ``--pick`` writes one trial's profile
-    (nothing runs, the storage is read-only); ``--finish`` concludes a study
-    its workers ran; else the search (open or join, then sample) and, on
-    the worker that claims it, the conclusion."""
-    study, opener = _open_study(prep, coord)
+    """The run's flow (``TuneConfig.flow``)."""
+    return _FLOWS[prep.cfg.flow](prep, coord, reporter)
+
+
+def _pick(prep: Prepared, coord: OneHost, reporter: Reporter) -> TuneResult:
+    """``--pick``: one trial's profile of a finished study; nothing runs, and
+    the storage is read-only by construction."""
+    study = _open_to_pick(prep)
     reporter.study_started(_study_info(prep))
-    if prep.cfg.pick is not None:
-        return finish(_shape(prep, study, reporter), study)
+    return finish(shape(prep, study, reporter, record=False), study)
+
+
+def _finish_study(prep: Prepared, coord: OneHost, reporter: Reporter) -> TuneResult:
+    """``--finish``: the conclusion of a study its workers ran."""
+    study, _ = _open_study(prep, coord, _load_to_finish)
+    reporter.study_started(_study_info(prep))
     started = coord.started(study)
-    if prep.cfg.fleet.finish:
-        return _conclude(_shape(prep, study, reporter), study, reporter, started, None)
+    return _conclude(shape(prep, study, reporter), study, reporter, started, None)
+
+
+def _search_study(prep: Prepared, coord: OneHost, reporter: Reporter) -> TuneResult:
+    """The search (open or join, then sample) and, on the worker that claims
+    it, the conclusion."""
+    study, opener = _open_study(prep, coord, _create_or_join)
+    reporter.study_started(_study_info(prep))
+    started = coord.started(study)
     prep, stop_reason = _search(prep, coord, study, reporter, started, opener)
     if stop_reason:
         reporter.note(f"stopped before --trials: {stop_reason}")
@@ -109,7 +122,7 @@ def _search(prep: Prepared, coord: OneHost, study: optuna.Study, reporter: Repor
         prep, stop_reason = _opening(prep, study, reporter, started)
         coord.opened(study)
     else:
-        prep, stop_reason = _shape(prep, study, reporter), None
+        prep, stop_reason = shape(prep, study, reporter), None
         study.sampler = make_sampler(prep.cfg.sampler, prep.params, prep.cfg.seed,
                                      prep.cfg.trials)
     if not stop_reason:
@@ -122,8 +135,9 @@ def _opening(prep: Prepared, study: optuna.Study, reporter: Reporter,
     """Each engine's defaults (``--engine a,b``: in the order named), the
     space shaped by them, the engine's seeds, then the start design."""
     cfg = prep.cfg
-    for sub in _each_engine(prep):
-        engine = _engine_attr(prep, sub)
+    engines = engines_of(prep)
+    for sub in engines.each():
+        engine = engines.attr(sub)
         if not _has_baseline(sub, study, engine.get(Attr.ENGINE)) and \
                 launched_count(study) < cfg.trials:
             base_params, note = sub.engine.baseline(sub.ctx)
@@ -131,7 +145,7 @@ def _opening(prep: Prepared, study: optuna.Study, reporter: Reporter,
                            {Attr.BASELINE: True, **engine,
                             **({Attr.BASELINE_NOTE: note} if note else {})},
                            budget=_budget(prep, study, started))
-    prep = _shape(prep, study, reporter)
+    prep = shape(prep, study, reporter)
     study.sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
     stop_reason = _run_seeds(prep, study, reporter, started)
     if not stop_reason and launched_count(study) < cfg.trials:
@@ -152,19 +166,6 @@ def _conclude(prep: Prepared, study: optuna.Study, reporter: Reporter, started: 
     return res
 
 
-def _each_engine(prep: Prepared) -> list[Prepared]:
-    """The prepared study of each engine searched (``--engine a,b``), or
-    ``prep`` alone."""
-    return list(prep.engines.values()) or [prep]
-
-
-def _engine_attr(prep: Prepared, sub: Prepared) -> dict[str, Any]:
-    """The attribute that marks a trial as ``sub``'s engine's, in a study
-    across engines (none in a study of one engine: its journal stays as it
-    was)."""
-    return {Attr.ENGINE: sub.engine.name} if prep.engines else {}
-
-
 def _worker_result(prep: Prepared, study: optuna.Study) -> TuneResult:
     """What a worker that does not finish the study reports: its trials and
     the best so far, no profile (the finishing worker writes it)."""
@@ -175,17 +176,21 @@ def _worker_result(prep: Prepared, study: optuna.Study) -> TuneResult:
         profile_path=None, profile=None, improvement=None)
 
 
-def _open_study(prep: Prepared, coord: OneHost) -> tuple[optuna.Study, bool]:
-    """Create the study, or load it to resume (its runs left RUNNING by a
-    killed qtune failed), and record what it is run with.  Also whether this
-    process opens it (runs the baseline and queues the start design): on
-    one host always; in a fleet, the worker whose create_study made it (the
-    database makes that atomic on the name), or one resuming an opening."""
+def _open_study(prep: Prepared, coord: OneHost,
+                get: Callable[[Prepared, OneHost, BaseStorage, BaseSampler],
+                              tuple[optuna.Study, bool]],
+                ) -> tuple[optuna.Study, bool]:
+    """The study as ``get`` opens it (``_create_or_join``: created, or loaded
+    to resume, its runs left RUNNING by a killed qtune failed;
+    ``_load_to_finish``), checked against this run and recording what it is
+    run with.  Also whether this process opens it (runs the baseline and
+    queues the start design): on one host always; in a fleet, the worker
+    whose create_study made it (the database makes that atomic on the
+    name), or one resuming an opening."""
     cfg = prep.cfg
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if cfg.pick is not None:
-        return _open_to_pick(prep), False
-    study, opener = _create_or_join(prep, coord)
+    storage = open_storage(prep.storage_url, heartbeat_s=coord.heartbeat_s)
+    sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
+    study, opener = get(prep, coord, storage, sampler)
     want = (["maximize", "minimize"] if prep.direction == "pareto" else [prep.direction])
     have = [d.name.lower() for d in study.directions]
     if have != want:  # create_study checks this only for a study it loads itself
@@ -193,7 +198,8 @@ def _open_study(prep: Prepared, coord: OneHost) -> tuple[optuna.Study, bool]:
             f"study {prep.study_name}: its directions are {have}, this run's {want}",
             hint="a resumed study must keep its objective direction")
     _check_resume(study, prep)
-    # (a re-pick, which measures nothing, returned above: any host may write it)
+    # (a re-pick, which measures nothing, opens the study itself: any host may
+    # write it)
     fleet.check_hosts(study, fleet.host_facts(prep.host, prep.ctx.install),
                       cfg.fleet.allow_mixed_hosts, prep.study_name)
     coord.tidy(study)
@@ -206,6 +212,7 @@ def _open_to_pick(prep: Prepared) -> optuna.Study:
     """--pick reads a finished study and writes only the profile: the
     storage is read-only by construction (no trial failed, no attribute
     rewritten, no table created)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         return optuna.load_study(study_name=prep.study_name,
                                  storage=open_storage(prep.storage_url, read_only=True))
@@ -215,29 +222,33 @@ def _open_to_pick(prep: Prepared) -> optuna.Study:
                          hint="--pick writes a profile of an existing study") from None
 
 
-def _create_or_join(prep: Prepared, coord: OneHost) -> tuple[optuna.Study, bool]:
-    """The study created (or on one host resumed), joined in a fleet when
-    another worker made it, or loaded by --finish; and whether this process
-    opens it."""
-    cfg = prep.cfg
-    storage = open_storage(prep.storage_url,
-                           heartbeat_s=coord.heartbeat_s)
-    # pareto: maximise throughput, minimise the latency percentile.
-    dirs = ({"directions": ["maximize", "minimize"]} if prep.direction == "pareto"
-            else {"direction": prep.direction})
-    sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
+def _load_to_finish(prep: Prepared, coord: OneHost, storage: BaseStorage,
+                    sampler: BaseSampler) -> tuple[optuna.Study, bool]:
+    """--finish: the study its workers ran, loaded (this process opens
+    nothing)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        if cfg.fleet.finish:
-            return optuna.load_study(study_name=prep.study_name, storage=storage,
-                                     sampler=sampler), False
-        return optuna.create_study(study_name=prep.study_name, storage=storage,
-                                   sampler=sampler, load_if_exists=not coord.joins,
-                                   **dirs), True
+        return optuna.load_study(study_name=prep.study_name, storage=storage,
+                                 sampler=sampler), False
     except KeyError:
         raise StudyError(f"--finish: no study {prep.study_name} in "
                          f"{mask_url(prep.storage_url)}",
                          hint="--finish confirms and writes the profile of a study "
                          "its workers ran; run them first") from None
+
+
+def _create_or_join(prep: Prepared, coord: OneHost, storage: BaseStorage,
+                    sampler: BaseSampler) -> tuple[optuna.Study, bool]:
+    """The study created (or on one host resumed), or joined in a fleet when
+    another worker made it; and whether this process opens it."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # pareto: maximise throughput, minimise the latency percentile.
+    dirs = ({"directions": ["maximize", "minimize"]} if prep.direction == "pareto"
+            else {"direction": prep.direction})
+    try:
+        return optuna.create_study(study_name=prep.study_name, storage=storage,
+                                   sampler=sampler, load_if_exists=not coord.joins,
+                                   **dirs), True
     except optuna.exceptions.DuplicatedStudyError:
         # A fleet's study made by another worker: join it.
         return optuna.load_study(study_name=prep.study_name, storage=storage,
@@ -263,25 +274,21 @@ def _record_setup(study: optuna.Study, prep: Prepared) -> None:
     study.set_user_attr(StudyAttr.MODEL, prep.ctx.model.summary())
     study.set_user_attr(StudyAttr.OPTUNA_VERSION, optuna.__version__)
     study.set_user_attr(StudyAttr.ENGINE_INSTALL, dataclasses.asdict(prep.ctx.install))
-    if prep.engines:
-        study.set_user_attr(StudyAttr.ENGINES, list(prep.engines))
+    engines_of(prep).record(study)
 
 
 def _study_info(prep: Prepared) -> dict[str, Any]:
     """What ``Reporter.study_started`` is told."""
     cfg = prep.cfg
+    engines = engines_of(prep)
     return {
         "study": prep.study_name,
         "storage": prep.storage_url,
         "model": prep.ctx.model.summary(),
         "engine": ", ".join(f"{p.ctx.install.name} {p.ctx.install.version} "
-                            f"({p.ctx.install.build})" for p in _each_engine(prep)),
-        "space": ({p.name: describe(p) for p in prep.params} if not prep.engines else
-                  {qualified(n, p.name): describe(p)
-                   for n, sub in prep.engines.items() for p in sub.params}),
-        "fixed": (prep.fixed if not prep.engines else
-                  {qualified(n, k): v for n, sub in prep.engines.items()
-                   for k, v in sub.fixed.items()}),
+                            f"({p.ctx.install.build})" for p in engines.each()),
+        "space": engines.space(),
+        "fixed": engines.fixed(),
         "trials": cfg.trials,
         "time_budget": cfg.time_budget,
         "workload": cfg.workload.to_dict(),
@@ -329,9 +336,10 @@ def _run_seeds(prep: Prepared, study: optuna.Study, reporter: Reporter,
                started: float) -> str | None:
     """Run the engine's seeds not yet run; why it stopped early, if it did."""
     cfg = prep.cfg
+    engines = engines_of(prep)
     stop_reason = None
-    pending = [(sub, point, why) for sub in _each_engine(prep)
-               for point, why in pending_seeds(sub, study, _engine_attr(prep, sub))]
+    pending = [(sub, point, why) for sub in engines.each()
+               for point, why in pending_seeds(sub, study, engines.attr(sub))]
     for sub, point, why in pending:
         if launched_count(study) >= cfg.trials or (
                 stop_reason := _over_budget(prep, study, started)):
@@ -339,10 +347,9 @@ def _run_seeds(prep: Prepared, study: optuna.Study, reporter: Reporter,
         # Param-less like the baseline: TPE's groups would otherwise split
         # its one param off from the rest.  The queue is empty here
         # (_pending_seeds), so ask() returns this trial.
-        engine = _engine_attr(prep, sub)
         _run_unsampled(sub, study, reporter, {**point, **sub.fixed},
-                       {Attr.SEED: why, Attr.SEED_POINT: point, **engine},
-                       note=f"{sub.engine.name}: {why}" if engine else why,
+                       {Attr.SEED: why, Attr.SEED_POINT: point, **engines.attr(sub)},
+                       note=engines.note(sub, why),
                        budget=_budget(prep, study, started))
     return stop_reason
 
@@ -352,8 +359,9 @@ def _sampling_loop(prep: Prepared, coord: OneHost, study: optuna.Study,
     """Ask the sampler for trials until --trials launches; why it stopped
     early, if it did."""
     cfg = prep.cfg
+    engines = engines_of(prep)
     # --engine a,b: the engine, then its params, suggested trial by trial.
-    dists = distributions(prep.params) if not prep.engines else None
+    dists = engines.distributions()
     stop_reason = None
     invalid_run = 0
     while launched_count(study) < cfg.trials:
@@ -371,9 +379,7 @@ def _sampling_loop(prep: Prepared, coord: OneHost, study: optuna.Study,
         if coord.taken(study):
             continue
         trial = study.ask(dists)
-        sub, values = prep, trial.params
-        if prep.engines:
-            sub, values = suggest(prep, trial)
+        sub, values = engines.sample(trial)
         # (the trial's own engine's host facts: --engine a,b)
         with coordination(sub).running(study, trial, reporter):
             if coord.asked_past_budget(study, trial):
@@ -409,11 +415,11 @@ def _speculative(prep: Prepared, study: optuna.Study, reporter: Reporter,
     left = (None if prep.cfg.time_budget is None
             else prep.cfg.time_budget - (time.monotonic() - started))
     # --engine a,b: the phase runs on the chosen config's engine.
-    best = best_trial(study) if prep.engines else None
-    sub = prep.of(best.engine if best else None)
+    engines = engines_of(prep)
+    sub = engines.of_best(study)
 
     def launch(params: dict[str, Any], attrs: dict[str, Any], note: str) -> None:
-        _run_unsampled(sub, study, reporter, params, {**attrs, **_engine_attr(prep, sub)},
+        _run_unsampled(sub, study, reporter, params, {**attrs, **engines.attr(sub)},
                        note=note)
 
     speculative_phase(sub, study, reporter, launch, left, costs(study).trial_s)
@@ -473,54 +479,9 @@ def _learned_refusal(study: optuna.Study, params: dict[str, Any],
     return None
 
 
-def _shape(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Prepared:
-    """Let the engine narrow the space with the load and the defaults run.
-    Computed from what the study stored, so a resumed study gets the same
-    space (and the sampler the same distributions) as the first run.
-    Across engines, each engine's space with its own defaults' run."""
-    if not prep.engines:
-        shaped, notes = _shape_one(prep, study, None)
-        for n in notes:
-            reporter.note(n)
-        if prep.cfg.pick is None:  # --pick reads the study, never rewrites it
-            study.set_user_attr(StudyAttr.SPACE_NOTES, notes)
-        return shaped
-    subs: dict[str, Prepared] = {}
-    all_notes = []
-    for name, sub in prep.engines.items():
-        subs[name], notes = _shape_one(sub, study, name)
-        all_notes += [f"{name}: {n}" for n in notes]
-    for n in all_notes:
-        reporter.note(n)
-    if prep.cfg.pick is None:
-        study.set_user_attr(StudyAttr.SPACE_NOTES, all_notes)
-    first = next(iter(subs.values()))
-    return dataclasses.replace(prep, params=first.params, fixed=first.fixed, engines=subs)
-
-
-def _shape_one(prep: Prepared, study: optuna.Study,
-               engine: str | None) -> tuple[Prepared, list[str]]:
-    base = next((t for t in study.get_trials(deepcopy=False)
-                 if t.user_attrs.get(Attr.BASELINE) and t.state == TrialState.COMPLETE
-                 and t.user_attrs.get(Attr.ENGINE) == engine), None)
-    wl = prep.cfg.workload
-    load = LoadView(
-        rate=wl.rate, concurrency=wl.concurrency if wl.rate is None else None,
-        shared_prefix=bool(wl.prefix_count) or wl.dataset is not None,
-        baseline=base.user_attrs.get(Attr.SUMMARY) if base else None,
-        baseline_params=base.user_attrs.get(Attr.LAUNCH_PARAMS, {}) if base else {},
-    )
-    mine = [p for p in prep.params if p.name not in prep.user_set]
-    kept, fixed, notes = prep.engine.shape(mine, prep.ctx, load)
-    if prep.lossless_why:
-        notes = [prep.lossless_why, *notes]
-    params = [p for p in prep.params if p.name in prep.user_set] + kept
-    return dataclasses.replace(prep, params=params, fixed={**fixed, **prep.fixed}), notes
-
-
 def _check_resume(study: optuna.Study, prep: Prepared) -> None:
     ran_with = study.user_attrs.get(StudyAttr.ENGINES)
-    engines = list(prep.engines) or None
+    engines = engines_of(prep).names()
     if ran_with != engines and (ran_with is not None or ran_trials(study)):
         before = ",".join(ran_with) if ran_with else \
             (study.user_attrs.get(StudyAttr.ENGINE_INSTALL) or {}).get("name", "one engine")
@@ -545,3 +506,7 @@ def _check_resume(study: optuna.Study, prep: Prepared) -> None:
             f"study {prep.study_name} optimises {obj}, not {prep.cfg.objective}",
             hint="use a new --study NAME",
         )
+
+
+_FLOWS: dict[str, Callable[[Prepared, OneHost, Reporter], TuneResult]] = {
+    "pick": _pick, "finish": _finish_study, "search": _search_study}
