@@ -10,19 +10,14 @@ between one host and a fleet's workers is one object the run asks
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
 
 import optuna
-from optuna.samplers import BaseSampler
-from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from qtune.errors import StudyError, mask_url
 from qtune.objectives import get_objective
-from qtune.search import fleet, optuna_api
 from qtune.search.budget import (
     TrialBudget,
     costs,
@@ -35,9 +30,9 @@ from qtune.search.coordination import OneHost, coordination, launched_count
 from qtune.search.design import pending_seeds, start_design
 from qtune.search.engineset import engines_of, shape
 from qtune.search.inputs import Prepared, prepare
+from qtune.search.opening import create_or_join, load_to_finish, open_study, open_to_pick
 from qtune.search.records import (
     Attr,
-    StudyAttr,
     TrialRecord,
     ran_trials,
 )
@@ -45,7 +40,6 @@ from qtune.search.reporter import NullReporter, Reporter
 from qtune.search.result import TuneResult, best_trial, finish
 from qtune.search.space import make_sampler, tidy
 from qtune.search.speculative import speculative_phase
-from qtune.search.storage import open_storage
 from qtune.search.trial import estimate_memory, refuse, run_trial
 
 
@@ -81,14 +75,14 @@ def _run_study(prep: Prepared, coord: OneHost, reporter: Reporter) -> TuneResult
 def _pick(prep: Prepared, coord: OneHost, reporter: Reporter) -> TuneResult:
     """``--pick``: one trial's profile of a finished study; nothing runs, and
     the storage is read-only by construction."""
-    study = _open_to_pick(prep)
+    study = open_to_pick(prep)
     reporter.study_started(_study_info(prep))
     return finish(shape(prep, study, reporter, record=False), study)
 
 
 def _finish_study(prep: Prepared, coord: OneHost, reporter: Reporter) -> TuneResult:
     """``--finish``: the conclusion of a study its workers ran."""
-    study, _ = _open_study(prep, coord, _load_to_finish)
+    study, _ = open_study(prep, coord, load_to_finish)
     reporter.study_started(_study_info(prep))
     started = coord.started(study)
     return _conclude(shape(prep, study, reporter), study, reporter, started, None)
@@ -97,7 +91,7 @@ def _finish_study(prep: Prepared, coord: OneHost, reporter: Reporter) -> TuneRes
 def _search_study(prep: Prepared, coord: OneHost, reporter: Reporter) -> TuneResult:
     """The search (open or join, then sample) and, on the worker that claims
     it, the conclusion."""
-    study, opener = _open_study(prep, coord, _create_or_join)
+    study, opener = open_study(prep, coord, create_or_join)
     reporter.study_started(_study_info(prep))
     started = coord.started(study)
     prep, stop_reason = _search(prep, coord, study, reporter, started, opener)
@@ -174,107 +168,6 @@ def _worker_result(prep: Prepared, study: optuna.Study) -> TuneResult:
         study_name=prep.study_name, storage=prep.storage_url, best=best_trial(study),
         baseline=next((r for r in recs if r.baseline), None), trials=recs,
         profile_path=None, profile=None, improvement=None)
-
-
-def _open_study(prep: Prepared, coord: OneHost,
-                get: Callable[[Prepared, OneHost, BaseStorage, BaseSampler],
-                              tuple[optuna.Study, bool]],
-                ) -> tuple[optuna.Study, bool]:
-    """The study as ``get`` opens it (``_create_or_join``: created, or loaded
-    to resume, its runs left RUNNING by a killed qtune failed;
-    ``_load_to_finish``), checked against this run and recording what it is
-    run with.  Also whether this process opens it (runs the baseline and
-    queues the start design): on one host always; in a fleet, the worker
-    whose create_study made it (the database makes that atomic on the
-    name), or one resuming an opening."""
-    cfg = prep.cfg
-    storage = open_storage(prep.storage_url, heartbeat_s=coord.heartbeat_s)
-    sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
-    study, opener = get(prep, coord, storage, sampler)
-    want = (["maximize", "minimize"] if prep.direction == "pareto" else [prep.direction])
-    have = [d.name.lower() for d in study.directions]
-    if have != want:  # create_study checks this only for a study it loads itself
-        raise StudyError(
-            f"study {prep.study_name}: its directions are {have}, this run's {want}",
-            hint="a resumed study must keep its objective direction")
-    _check_resume(study, prep)
-    # (a re-pick, which measures nothing, opens the study itself: any host may
-    # write it)
-    fleet.check_hosts(study, fleet.host_facts(prep.host, prep.ctx.install),
-                      cfg.fleet.allow_mixed_hosts, prep.study_name)
-    coord.tidy(study)
-    _record_setup(study, prep)
-    prep.study_dir.mkdir(parents=True, exist_ok=True)
-    return study, opener
-
-
-def _open_to_pick(prep: Prepared) -> optuna.Study:
-    """--pick reads a finished study and writes only the profile: the
-    storage is read-only by construction (no trial failed, no attribute
-    rewritten, no table created)."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        return optuna.load_study(study_name=prep.study_name,
-                                 storage=open_storage(prep.storage_url, read_only=True))
-    except KeyError:
-        raise StudyError(f"--pick: no study {prep.study_name} in "
-                         f"{mask_url(prep.storage_url)}",
-                         hint="--pick writes a profile of an existing study") from None
-
-
-def _load_to_finish(prep: Prepared, coord: OneHost, storage: BaseStorage,
-                    sampler: BaseSampler) -> tuple[optuna.Study, bool]:
-    """--finish: the study its workers ran, loaded (this process opens
-    nothing)."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        return optuna.load_study(study_name=prep.study_name, storage=storage,
-                                 sampler=sampler), False
-    except KeyError:
-        raise StudyError(f"--finish: no study {prep.study_name} in "
-                         f"{mask_url(prep.storage_url)}",
-                         hint="--finish confirms and writes the profile of a study "
-                         "its workers ran; run them first") from None
-
-
-def _create_or_join(prep: Prepared, coord: OneHost, storage: BaseStorage,
-                    sampler: BaseSampler) -> tuple[optuna.Study, bool]:
-    """The study created (or on one host resumed), or joined in a fleet when
-    another worker made it; and whether this process opens it."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # pareto: maximise throughput, minimise the latency percentile.
-    dirs = ({"directions": ["maximize", "minimize"]} if prep.direction == "pareto"
-            else {"direction": prep.direction})
-    try:
-        return optuna.create_study(study_name=prep.study_name, storage=storage,
-                                   sampler=sampler, load_if_exists=not coord.joins,
-                                   **dirs), True
-    except optuna.exceptions.DuplicatedStudyError:
-        # A fleet's study made by another worker: join it.
-        return optuna.load_study(study_name=prep.study_name, storage=storage,
-                                 sampler=sampler), False
-    except ValueError as exc:
-        raise StudyError(
-            f"study {prep.study_name}: {exc}",
-            hint="a resumed study must keep its objective direction",
-        ) from None
-
-
-def _record_setup(study: optuna.Study, prep: Prepared) -> None:
-    """What the study is run with, in its attributes: the objective, the
-    workload, the model, the versions, and what --pick needs to write a
-    profile where the engine is not installed."""
-    cfg = prep.cfg
-    study.set_user_attr(StudyAttr.OBJECTIVE, cfg.objective)
-    optuna_api.name_values(study, get_objective(cfg.objective).study_values)
-    study.set_user_attr(StudyAttr.WORKLOAD, cfg.workload.to_dict())
-    study.set_user_attr(StudyAttr.LEVELS, list(cfg.levels))
-    study.set_user_attr(StudyAttr.EXACT, cfg.quality.exact)
-    study.set_user_attr(StudyAttr.MAX_QUALITY_LOSS, cfg.quality.max_loss)
-    study.set_user_attr(StudyAttr.MODEL, prep.ctx.model.summary())
-    study.set_user_attr(StudyAttr.OPTUNA_VERSION, optuna.__version__)
-    study.set_user_attr(StudyAttr.ENGINE_INSTALL, dataclasses.asdict(prep.ctx.install))
-    engines_of(prep).record(study)
 
 
 def _study_info(prep: Prepared) -> dict[str, Any]:
@@ -477,35 +370,6 @@ def _learned_refusal(study: optuna.Study, params: dict[str, Any],
             return (f"asks at least the memory of trial {t.number} ({what}), "
                     "which failed to start asking for more than was free")
     return None
-
-
-def _check_resume(study: optuna.Study, prep: Prepared) -> None:
-    ran_with = study.user_attrs.get(StudyAttr.ENGINES)
-    engines = engines_of(prep).names()
-    if ran_with != engines and (ran_with is not None or ran_trials(study)):
-        before = ",".join(ran_with) if ran_with else \
-            (study.user_attrs.get(StudyAttr.ENGINE_INSTALL) or {}).get("name", "one engine")
-        raise StudyError(
-            f"study {prep.study_name} was run with --engine {before}, not {prep.cfg.engine}",
-            hint="use a new --study NAME, or the same --engine as before")
-    wl = study.user_attrs.get(StudyAttr.WORKLOAD)
-    if wl is not None and wl != prep.cfg.workload.to_dict():
-        raise StudyError(
-            f"study {prep.study_name} was run with another workload",
-            hint="use a new --study NAME, or the same load flags as before",
-        )
-    for key, now in (("levels", list(prep.cfg.levels)), ("exact", prep.cfg.quality.exact)):
-        before = study.user_attrs.get(key)
-        if before is not None and before != now:
-            raise StudyError(
-                f"study {prep.study_name} was run with --{key} {before}, not {now}",
-                hint="use a new --study NAME, or the same flags as before")
-    obj = study.user_attrs.get(StudyAttr.OBJECTIVE)
-    if obj is not None and obj != prep.cfg.objective:
-        raise StudyError(
-            f"study {prep.study_name} optimises {obj}, not {prep.cfg.objective}",
-            hint="use a new --study NAME",
-        )
 
 
 _FLOWS: dict[str, Callable[[Prepared, OneHost, Reporter], TuneResult]] = {
