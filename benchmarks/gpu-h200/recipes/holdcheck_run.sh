@@ -26,7 +26,7 @@ start)
   install_vllm_venv
   echo "CONFIGS='${CONFIGS:-{\}}'" > $Q/chain.sh
   cat >> $Q/chain.sh <<'EOC'
-cd /tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-vllm/bin/python
+cd /tmp/qrepo; export PYTHONPATH=/tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-vllm/bin/python  # the scripts import qtune from the repo
 i=0
 IFS=';' read -ra CS <<< "$CONFIGS"
 for c in "${CS[@]}"; do
