@@ -90,7 +90,7 @@ class SeveralEngines(OneEngine):
         return list(self.prep.engines)
 
     def record(self, study: optuna.Study) -> None:
-        study.set_user_attr(StudyAttr.ENGINES, list(self.prep.engines))
+        study.set_user_attr(StudyAttr.ENGINES, self.names())
 
     def distributions(self) -> dict[str, BaseDistribution] | None:
         return None

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import optuna
 from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage
+from optuna.study import StudyDirection
 
 from qtune.errors import StudyError, mask_url
 from qtune.objectives import get_objective
@@ -34,10 +35,11 @@ def open_study(prep: Prepared, coord: OneHost,
     whose create_study made it (the database makes that atomic on the
     name), or one resuming an opening."""
     cfg = prep.cfg
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(prep.storage_url, heartbeat_s=coord.heartbeat_s)
     sampler = make_sampler(cfg.sampler, prep.params, cfg.seed, cfg.trials)
     study, opener = get(prep, coord, storage, sampler)
-    want = (["maximize", "minimize"] if prep.direction == "pareto" else [prep.direction])
+    want = [d.name.lower() for d in _directions(prep)]
     have = [d.name.lower() for d in study.directions]
     if have != want:  # create_study checks this only for a study it loads itself
         raise StudyError(
@@ -52,6 +54,13 @@ def open_study(prep: Prepared, coord: OneHost,
     record_setup(study, prep)
     prep.study_dir.mkdir(parents=True, exist_ok=True)
     return study, opener
+
+
+def _directions(prep: Prepared) -> list[StudyDirection]:
+    """The study's directions: pareto maximises throughput and minimises the
+    latency percentile; any other objective has its one."""
+    names = ["maximize", "minimize"] if prep.direction == "pareto" else [prep.direction]
+    return [StudyDirection[n.upper()] for n in names]
 
 
 def open_to_pick(prep: Prepared) -> optuna.Study:
@@ -72,7 +81,6 @@ def load_to_finish(prep: Prepared, coord: OneHost, storage: BaseStorage,
                     sampler: BaseSampler) -> tuple[optuna.Study, bool]:
     """--finish: the study its workers ran, loaded (this process opens
     nothing)."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         return optuna.load_study(study_name=prep.study_name, storage=storage,
                                  sampler=sampler), False
@@ -87,14 +95,10 @@ def create_or_join(prep: Prepared, coord: OneHost, storage: BaseStorage,
                     sampler: BaseSampler) -> tuple[optuna.Study, bool]:
     """The study created (or on one host resumed), or joined in a fleet when
     another worker made it; and whether this process opens it."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # pareto: maximise throughput, minimise the latency percentile.
-    dirs = ({"directions": ["maximize", "minimize"]} if prep.direction == "pareto"
-            else {"direction": prep.direction})
     try:
         return optuna.create_study(study_name=prep.study_name, storage=storage,
                                    sampler=sampler, load_if_exists=not coord.joins,
-                                   **dirs), True
+                                   directions=_directions(prep)), True
     except optuna.exceptions.DuplicatedStudyError:
         # A fleet's study made by another worker: join it.
         return optuna.load_study(study_name=prep.study_name, storage=storage,

@@ -22,6 +22,15 @@ join_parts() {
 put_back_flash_ops() {
   xz -dc $1/flash_ops.xz > $2/sgl_kernel/flash_ops.abi3.so || exit 3
 }
+# vllm_recipe_init: what the vLLM-wheel recipes (trialcost_run.sh, fvf_run.sh,
+# holdcheck_run.sh) set before their steps: quiet, unbuffered Python with no PYTHONPATH
+# of the caller's, the chain's folder $Q, the wheel folder, and the call's start $T_CALL.
+vllm_recipe_init() {
+  export PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 VLLM_NO_USAGE_STATS=1
+  unset PYTHONPATH
+  Q=/tmp/qt; mkdir -p $Q /tmp/wh/v
+  T_CALL=$(date +%s)
+}
 # copy_part N: the carried vLLM part .vwheels/pN into /tmp/wh/v (one part a call,
 # under the carry limit).
 copy_part() {

@@ -20,10 +20,7 @@
 # call cut short loses only its own part.
 set -u
 . "$(dirname "$0")/chain_lib.sh"
-export PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 VLLM_NO_USAGE_STATS=1
-unset PYTHONPATH
-Q=/tmp/qt; mkdir -p $Q /tmp/wh/v
-T_CALL=$(date +%s)
+vllm_recipe_init
 case "$1" in
 copy)
   copy_part "$2"; exit 0 ;;
