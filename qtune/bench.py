@@ -21,18 +21,19 @@ import urllib.error
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from qtune import seeds
 from qtune.engines import any_engine_cache_reset_paths, any_engine_metric_names
 from qtune.errors import InputError, UnreachableError, mask_url, printable
 from qtune.launch import IGNORE_EOS, MetricNames
-from qtune.load import run_load
+from qtune.load import Watcher, run_load
 from qtune.load.http import request_json
 from qtune.load.prompts import ServerTokenizer
 from qtune.load.workload import Workload
 from qtune.metrics import goodput, in_flight_at_sends, keeps_up, metric_value, summarize
 from qtune.objectives import SLO
+from qtune.params import JSONObject, JSONValue
 from qtune.seeds import Phase
 from qtune.stats import bootstrap_median, ratio_ci
 
@@ -200,8 +201,8 @@ CONTAMINATED_HIT_RATE = 0.05
 def measure(
     url: str, model: str, wl: Workload, cfg: BenchConfig, *,
     max_inflight: int | None = None, progress: Progress | None = None,
-    watch: Any = None, wait_idle: bool = False,
-) -> dict[str, Any]:
+    watch: Watcher | None = None, wait_idle: bool = False,
+) -> JSONObject:
     def tick(phase: str, done: int, total: int | None) -> None:
         if progress:
             progress(f"{phase} {done}/{total}" if total else f"{phase} {done}")
@@ -254,7 +255,7 @@ def measure(
     return s
 
 
-def endpoint_header(cfg: BenchConfig) -> tuple[dict[str, Any], list[str]]:
+def endpoint_header(cfg: BenchConfig) -> tuple[JSONObject, list[str]]:
     """What ``qtune bench`` reports before measuring: the endpoints (masked),
     their served models, the workload and SLO; fills ``cfg.tokenizer`` once,
     before any phase (never a /tokenize during one)."""
@@ -272,7 +273,7 @@ def endpoint_header(cfg: BenchConfig) -> tuple[dict[str, Any], list[str]]:
         # Built here, once, before any phase: never a /tokenize during one.
         cfg.tokenizer, tokenizer_warning = prompt_tokenizer(
             cfg.urls[0], models[0], [cfg.model, *roots])
-    out: dict[str, Any] = {
+    out: JSONObject = {
         # Printed, written to --json and the CSV: never a URL's password.
         "urls": [mask_url(u) for u in cfg.urls], "models": models,
         "workload": cfg.workload.to_dict(),
@@ -284,12 +285,12 @@ def endpoint_header(cfg: BenchConfig) -> tuple[dict[str, Any], list[str]]:
     return out, models
 
 
-def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, Any]:
+def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> JSONObject:
     """Measure each endpoint ``cfg.repeat`` times, interleaved, with medians
     and intervals when repeated and a ratio when two are compared (a
     capacity search is ``qtune.capacity.run_capacity``)."""
     out, models = endpoint_header(cfg)
-    runs: list[list[dict[str, Any]]] = [[] for _ in cfg.urls]
+    runs: list[list[JSONObject]] = [[] for _ in cfg.urls]
     for rep in range(cfg.repeat):
         # Interleave endpoints (ABAB...) so drift spreads over both.
         for k, url in enumerate(cfg.urls):
@@ -302,18 +303,19 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
         out.update(runs[0][0])
         return out
     out["runs"] = runs
-    out["repeats"] = []
+    repeats: list[JSONObject] = []
+    out["repeats"] = repeats
     for k, url in enumerate(cfg.urls):
-        agg: dict[str, Any] = {"url": mask_url(url)}
+        agg: JSONObject = {"url": mask_url(url)}
         for m in KEY_METRICS:
             vals = [v for r in runs[k] if (v := metric_value(r, m)) is not None]
             if vals:
                 med, lo, hi = bootstrap_median(vals)
                 agg[m] = {"median": med, "ci95": [lo, hi] if lo is not None else None,
                           "values": vals}
-        out["repeats"].append(agg)
+        repeats.append(agg)
     if len(cfg.urls) == 2:
-        cmp: dict[str, Any] = {}
+        cmp: JSONObject = {}
         for m in KEY_METRICS:
             a = [v for r in runs[0] if (v := metric_value(r, m)) is not None]
             b = [v for r in runs[1] if (v := metric_value(r, m)) is not None]
@@ -338,12 +340,14 @@ HELD_GROWTH_MIN_REQUESTS = 2.0
 TTFT_GROWTH_MAX = 2.0
 TTFT_GROWTH_MIN_MS = 100.0
 
-def falls_behind(s: dict[str, Any], offered: float | None) -> str | None:
+def falls_behind(s: Mapping[str, JSONValue], offered: float | None) -> str | None:
     """Why the server did not keep up with ``offered`` req/s over the run
     (qtune.metrics.keeps_up's figures against the limits above), or None.
     Past that point a latency is a queue's: it grows with the run's length,
     whatever the config."""
-    k = s.get("keeps_up") or {}
+    # keeps_up's figures and a latency's percentiles are numbers
+    # (qtune.metrics.keeps_up, summarize)
+    k = cast("Mapping[str, float]", s.get("keeps_up") or {})
     if offered is None or k.get("served_share") is None:
         return None
     expected = offered * k["window_s"] * 2 / 3
@@ -357,7 +361,7 @@ def falls_behind(s: dict[str, Any], offered: float | None) -> str | None:
         return (f"queue growing: {k['held_mid']:.1f} -> {k['held_last']:.1f} "
                 "requests in flight from the middle to the last third")
     tg = k.get("ttft_growth")
-    tt = (s.get("ttft_ms") or {}).get("p50")
+    tt = cast("Mapping[str, float]", s.get("ttft_ms") or {}).get("p50")
     if tg is not None and tt is not None and tg > TTFT_GROWTH_MAX and \
             tt * (tg - 1) >= TTFT_GROWTH_MIN_MS:
         return f"TTFT trending up: {tg:.1f}x from the middle to the last third"

@@ -27,7 +27,7 @@ import dataclasses
 import random
 import statistics
 from collections.abc import Callable
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from qtune import seeds
 from qtune.bench import (
@@ -45,6 +45,7 @@ from qtune.load.http import request_bytes
 from qtune.load.workload import Workload
 from qtune.metrics import metric_value
 from qtune.objectives import Objective, get_objective, parse_slo, worse_by
+from qtune.params import JSONObject
 from qtune.profile import Profile
 from qtune.seeds import Phase
 
@@ -78,10 +79,48 @@ def _norm(v: object) -> str:
         return {"True": "true", "False": "false"}.get(s, s.lower())
 
 
+class Difference(TypedDict):
+    """A setting the server runs otherwise than the profile says."""
+
+    what: str  # the setting: "served model", "engine version", a parameter
+    tuned: object  # the profile's value
+    running: object  # the server's, as it reports it
+    source: str  # where the server reported it ("/version", ...)
+
+
+class ConfigCheck(TypedDict):
+    """``compare_config``: the check's ``config`` part of ``--json``."""
+
+    differ: list[Difference]
+    checked: list[str]  # the settings the server reports
+    not_checked: list[str]  # the profile's settings it does not
+
+
+class CheckResult(TypedDict):
+    """What ``qtune check`` found, as ``--json`` prints it (the keys in this
+    order, the NotRequired ones only where they apply)."""
+
+    profile: str
+    url: str  # its password masked
+    served: str  # the model the server lists
+    engine_version: str | None  # as the server reports it
+    config: ConfigCheck
+    runs: NotRequired[list[JSONObject]]  # each run's main figures
+    tokenizer_warning: NotRequired[str]
+    at: NotRequired[str | None]  # a capacity profile: the load checked
+    judged: NotRequired[list[str]]  # ... and each run's verdict there
+    compare: NotRequired[JSONObject]  # the objective's own metric
+    compared: NotRequired[list[JSONObject]]  # every judged metric
+    # Set last, on every return (after the figures they judge).
+    verdict: NotRequired[str]
+    exit_code: NotRequired[int]  # AS_TUNED, SLOWER or NOT_TUNED
+    warnings: NotRequired[list[str]]  # the CLI's: how this host differs
+
+
 def compare_config(profile: Profile, running: RunningConfig,
-                   served: str) -> dict[str, Any]:
+                   served: str) -> ConfigCheck:
     """Which of the profile's settings the server reports, and which differ."""
-    differ: list[dict[str, Any]] = []
+    differ: list[Difference] = []
     checked: list[str] = []
     tuned = {**profile.params, **{k: v for k, v in profile.env.items()
                                   if k in running.params}}
@@ -123,7 +162,7 @@ class Comparison:
     def slower(self) -> bool:
         return self.worse_by > self.noise
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"metric": self.metric, "tuned": self.tuned, "now": self.now,
                 "noise": self.noise, "tuned_from": self.tuned_from,
                 "worse_by": self.worse_by}
@@ -170,7 +209,7 @@ def _reference(profile: Profile, metric: str,
 
 
 def check(profile: Profile, url: str, *, requests: int | None = None, repeat: int = 1,
-          progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+          progress: Callable[[str], None] | None = None) -> CheckResult:
     url = check_url(url)
     engine = ENGINES.get(profile.engine.name)
     if engine is None:
@@ -186,10 +225,10 @@ def check(profile: Profile, url: str, *, requests: int | None = None, repeat: in
                if (t := _get(url.rstrip("/") + p)) is not None}
     running = engine.running_config(reports)
     config = compare_config(profile, running, served)
-    out: dict[str, Any] = {"profile": profile.name, "url": mask_url(url), "served": served,
-                           "engine_version": running.version, "config": config}
+    out: CheckResult = {"profile": profile.name, "url": mask_url(url), "served": served,
+                        "engine_version": running.version, "config": config}
     if config["differ"]:
-        out.update(verdict="not the tuned config", exit_code=NOT_TUNED)
+        out["verdict"], out["exit_code"] = "not the tuned config", NOT_TUNED
         return out
     wl = Workload(**profile.workload)
     # A seed the search never used: fresh prompts, not the cached ones.
@@ -229,11 +268,12 @@ def check(profile: Profile, url: str, *, requests: int | None = None, repeat: in
         out["judged"] = [why for _, why, _ in judged]
         broke = [why for ok, why, _ in judged if not ok]
         if not broke:
-            out.update(verdict=f"as tuned: the SLO holds at its capacity ({at})",
-                       exit_code=AS_TUNED)
+            out["verdict"] = f"as tuned: the SLO holds at its capacity ({at})"
+            out["exit_code"] = AS_TUNED
         else:
-            out.update(verdict=f"slower than tuned: at its capacity ({at}) {broke[0]} "
-                       f"({len(broke)} of {len(runs)} runs)", exit_code=SLOWER)
+            out["verdict"] = (f"slower than tuned: at its capacity ({at}) {broke[0]} "
+                              f"({len(broke)} of {len(runs)} runs)")
+            out["exit_code"] = SLOWER
         return out
     compared = []
     for metric in obj.judged_metrics:
@@ -252,14 +292,14 @@ def check(profile: Profile, url: str, *, requests: int | None = None, repeat: in
     slower = [c for c in compared if c.slower]
     if slower:
         c = slower[0]
-        out.update(verdict=f"slower than tuned by {c.worse_by:.0%} on {c.metric} "
-                   f"({_num(c.now)} against {_num(c.tuned)}; noise {c.noise:.0%})",
-                   exit_code=SLOWER)
+        out["verdict"] = (f"slower than tuned by {c.worse_by:.0%} on {c.metric} "
+                          f"({_num(c.now)} against {_num(c.tuned)}; noise {c.noise:.0%})")
+        out["exit_code"] = SLOWER
     else:
-        out.update(verdict="as tuned: " + ", ".join(
+        out["verdict"] = ("as tuned: " + ", ".join(
             f"{c.metric} {_num(c.now)} against {_num(c.tuned)}" for c in compared)
-            + f" (within the {max(c.noise for c in compared):.0%} noise)",
-            exit_code=AS_TUNED)
+            + f" (within the {max(c.noise for c in compared):.0%} noise)")
+        out["exit_code"] = AS_TUNED
     return out
 
 

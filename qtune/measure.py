@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +28,9 @@ from qtune.capacity import CapacityPlan, CapacityResult, find_capacity
 from qtune.engines.base import Failure
 from qtune.errors import ServerError
 from qtune.launch import LaunchSpec, StartPhases
+from qtune.load import Watcher
 from qtune.load.workload import Workload
+from qtune.params import JSONObject, JSONValue
 from qtune.seeds import Phase
 from qtune.server import Server
 
@@ -91,8 +93,11 @@ class Measurement:
     start_phases: StartPhases | None = None
 
     @classmethod
-    def from_summary(cls, s: dict[str, Any]) -> Measurement:
+    def from_summary(cls, summary: Mapping[str, JSONValue]) -> Measurement:
         """From a summary as ``qtune.bench.measure`` returns it."""
+        # Its fields have the types summarize (qtune.metrics) gives them:
+        # read as they are, not checked again here.
+        s: Mapping[str, Any] = summary
         known = {*_RUN_KEYS, "warmup_requests", "warmup_s", "saturated",
                  "stopped_early", *_AFTER_CHECKS, *_OPTIONAL}
         return cls(
@@ -104,7 +109,7 @@ class Measurement:
             **{k: s[k] for k in _OPTIONAL if k in s},
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The summary as stored in a study's ``summary`` attribute and as
         ``--json`` prints it: the keys in ``qtune.bench.measure``'s order,
         the optional ones only when set."""
@@ -118,7 +123,8 @@ class Measurement:
 
 
 def measure_load(spec: LaunchSpec, bench: BenchConfig, wl: Workload | None = None, *,
-                 progress: Callable[[str], None] | None = None, watch: Any = None,
+                 progress: Callable[[str], None] | None = None,
+                 watch: Watcher | None = None,
                  capacity: CapacityPlan | None = None) -> Measurement:
     """Measure the ready server of ``spec``: warm-up and the measured load of
     ``wl`` (default: ``bench.workload``), with ``watch`` (a pruner) looking on;
@@ -184,7 +190,7 @@ def measure_server(
     startup_timeout: float,
     classify: Callable[[str], Failure],
     progress: Callable[[str], None] | None = None,
-    watch: Any = None,
+    watch: Watcher | None = None,
     capacity: CapacityPlan | None = None,
     on_tick: Callable[[float], None] | None = None,
     on_ready: Callable[[float], None] | None = None,

@@ -13,7 +13,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 from qtune import seeds
 from qtune.bench import KEY_METRICS, BenchConfig
@@ -26,6 +26,7 @@ from qtune.measure import interleaved, measure_server
 from qtune.metrics import metric_value
 from qtune.model import resolve_model
 from qtune.objectives import SLO, get_objective, lower_is_better, parse_slo
+from qtune.params import JSONObject
 from qtune.profile import Profile
 from qtune.seeds import Phase
 from qtune.server import free_port
@@ -162,7 +163,7 @@ def measure_sides(
     return Measured(runs, starts, failed)
 
 
-def run_line(summary: dict[str, Any], start_s: float) -> str:
+def run_line(summary: JSONObject, start_s: float) -> str:
     def ms(name: str) -> str:
         v = metric_value(summary, name)
         return "-" if v is None else f"{v:,.1f} ms"
@@ -173,6 +174,27 @@ def run_line(summary: dict[str, Any], start_s: float) -> str:
             + (f" (overloaded: {summary['overloaded']})" if summary.get("overloaded") else ""))
 
 
+class VerifyResult(TypedDict):
+    """What ``qtune verify`` measured, as ``--json`` prints it."""
+
+    profile: str
+    against: str  # the other side's label: "defaults" or "other"
+    repeats: int
+    objective: str  # the profile's
+    judged_by: str  # the run metric the objective is judged on
+    at_load: str | None  # a capacity profile: the load both sides ran
+    slo: list[str]
+    slo_met: dict[str, int] | None  # per side, the runs that met every SLO
+    # per metric: each side's median, ci95 and values, and the profile's
+    # "gain" (> 1: better) with its interval
+    metrics: dict[str, JSONObject]
+    failed_requests: dict[str, int]  # per side
+    failed_starts: dict[str, list[str]]  # per side, why each start failed
+    startup_s: dict[str, list[float]]  # per side, its starts' seconds to ready
+    note: str | None  # what the defaults side had to set to start here
+    wall_s: float
+
+
 def verify(
     profile: Profile,
     against: Profile | None,
@@ -181,7 +203,7 @@ def verify(
     startup_timeout: float = 600.0,
     log_dir: Path = Path("studies/verify"),
     on_run: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> VerifyResult:
     engine = get_engine(profile.engine.name)
     if against is None and not profile.params:
         raise ProfileError(

@@ -13,170 +13,53 @@ Lifecycle of one trial, and who owns each step:
 ``LaunchSpec`` and ``MetricNames`` belong to the runner and the load client
 (``qtune.launch``); they are re-exported here for adapters.
 
-Over 500 lines: the contract is about 40 optional hooks, each with the
-default that means "nothing to add" and a docstring that says what the rest
-of qtune does with it; the helpers adapters share sit at the end.
+This module holds the contract alone: the required methods and about 40
+optional hooks, each with its default and a docstring that says what the
+rest of qtune does with it.  The values they take and return
+(``Param``, ``SpaceContext``, ``Failure``, ...) live in
+``qtune.engines.contract_types``, and the helpers adapters share
+(command-line words, the engine's own argument JSON, ``classify_by_patterns``)
+in ``qtune.engines.helpers``; both are re-exported here, the one import
+path adapters use.
 """
 
 from __future__ import annotations
 
 import abc
-import json
 import math
-import re
-import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qtune.engines.contract_types import (
+    CacheVolume,
+    CommandWords,
+    CpuBinding,
+    Failure,
+    FixedArgs,
+    LoadView,
+    Param,
+    SpaceContext,
+)
+from qtune.engines.helpers import (
+    abbreviated_flag,
+    cached_engine_json,
+    classify_by_patterns,
+    engine_json,
+    int_flag,
+    to_flag,
+)
 from qtune.estimate import Estimate
 from qtune.host import Finding, HostFacts
 from qtune.host.installed import Detect, EngineInstall, Found, PythonFacts, pythonpath_of
 from qtune.launch import IGNORE_EOS, LaunchSpec, MetricNames, RunningConfig, StartPhases
-from qtune.model import ModelInfo, cache_dir
 
 __all__ = [
-    "CacheVolume", "CommandWords", "Engine", "Failure", "FixedArgs", "LaunchSpec", "LoadView",
-    "MetricNames", "Param", "RunningConfig", "int_flag", "SpaceContext", "StartPhases",
-    "cached_engine_json", "classify_by_patterns", "engine_json", "to_flag",
+    "CacheVolume", "CommandWords", "CpuBinding", "Engine", "Failure", "FixedArgs",
+    "LaunchSpec", "LoadView", "MetricNames", "Param", "RunningConfig", "int_flag",
+    "SpaceContext", "StartPhases", "abbreviated_flag", "cached_engine_json",
+    "classify_by_patterns", "engine_json", "to_flag",
 ]
-
-
-@dataclass(frozen=True)
-class Param:
-    """One tunable.  ``target`` says where the value goes: a CLI flag or an
-    environment variable of the server process."""
-
-    name: str
-    kind: str  # "int" | "float" | "bool" | "choice" | "str" (fixed values only)
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    step: float | None = None
-    choices: tuple[Any, ...] = ()
-    target: str = "flag"  # "flag" | "env"
-    help: str = ""
-    # Launch only powers of two (ints): fewer distinct values, so a later
-    # trial can reuse what an earlier one compiled (vLLM's compile ranges).
-    pow2: bool = False
-    # Searched only when a --space file names it: a dimension this host can
-    # run but that measured not to pay here (the engine's help says why).
-    opt_in: bool = False
-
-    def __post_init__(self) -> None:
-        if self.kind in ("int", "float") and (
-            self.low is None or self.high is None or self.low > self.high
-        ):
-            raise ValueError(f"{self.name}: bad range {self.low}..{self.high}")
-        if self.kind == "choice" and not self.choices:
-            raise ValueError(f"{self.name}: no choices")
-
-    @property
-    def bounds(self) -> tuple[float, float]:
-        """``(low, high)`` of an int or float parameter, which
-        ``__post_init__`` made sure are set; the type checker cannot see that."""
-        if self.low is None or self.high is None:
-            raise ValueError(f"{self.name}: a {self.kind} parameter has no range")
-        return self.low, self.high
-
-
-@dataclass(frozen=True)
-class SpaceContext:
-    """What an adapter may consult to shape the space: host, model, build."""
-
-    host: HostFacts
-    model: ModelInfo
-    install: EngineInstall
-    max_model_len: int | None = None  # explicit --max-model-len, if any
-    # The installed engine's own arguments ({dest: {flag, kind, default,
-    # choices}}), when they could be read; None means "use built-in facts".
-    engine_args: dict[str, Any] | None = None
-    # Keep the model's numerics: no lossy option (fp8 KV cache, fp8 weights)
-    # in the space.
-    exact: bool = False
-
-    @property
-    def effective_max_model_len(self) -> int:
-        return self.max_model_len or self.model.max_context
-
-
-@dataclass(frozen=True)
-class LoadView:
-    """What the search knows of the load when it shapes the space: the
-    offered load and, once measured, the engine defaults' run summary."""
-
-    rate: float | None
-    concurrency: int | None
-    shared_prefix: bool  # do prompts share prefixes (prefix caching can help)
-    baseline: Mapping[str, Any] | None = None
-    baseline_params: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Failure:
-    reason: str  # oom | invalid_config | timeout | port_in_use | environment | crash
-    detail: str
-
-
-@dataclass
-class FixedArgs:
-    """Flags and env qtune sets on every trial (not tuned)."""
-
-    flags: dict[str, Any] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class CacheVolume:
-    """A folder the engine writes caches to (compiled kernels, graphs): a
-    container deploy keeps it in a volume so a restart starts warm."""
-
-    name: str  # volume name
-    path: str  # where the engine writes it inside its image
-
-
-@dataclass(frozen=True)
-class CommandWords:
-    """How the engine's launch command is laid out, for the code that reruns
-    or redeploys a profile's argv without knowing the engine: which flags
-    carry the listening address and the host folders a container mounts,
-    and how the program is started."""
-
-    host: str = "--host"
-    port: str = "--port"
-    # flags whose value is a host folder a container mounts
-    model: tuple[str, ...] = ("--model",)
-    tokenizer: tuple[str, ...] = ("--tokenizer",)
-    # "module": argv is ``python -m <module> <args>`` (the image runs the
-    # same module with its own python3); "program": ``<program> <args>``,
-    # and the image starts it as ``image_command`` (its entrypoint script,
-    # say), or by the program's name when that is empty.
-    layout: str = "module"
-    image_command: tuple[str, ...] = ()
-
-    def split(self, argv: Sequence[str]) -> tuple[list[str], list[str]] | None:
-        """(what starts the server in the engine's image, its arguments), or
-        None when ``argv`` is not laid out as this engine's."""
-        if self.layout == "module":
-            if len(argv) < 3 or argv[1] != "-m":
-                return None
-            return ["python3", "-m", argv[2]], list(argv[3:])
-        if not argv:
-            return None
-        return list(self.image_command) or [argv[0].rsplit("/", 1)[-1]], list(argv[1:])
-
-
-@dataclass(frozen=True)
-class CpuBinding:
-    """How a launch pins its threads to CPUs, as a unit states it:
-    ``setting`` (the environment that says so), ``what`` (in words), and
-    ``cpus``, the CPUs it pins to (None: the engine picks them, or nothing
-    is pinned), which must lie inside the unit's CPUAffinity=."""
-
-    setting: str
-    what: str
-    cpus: frozenset[int] | None = None
 
 
 class Engine(abc.ABC):
@@ -440,128 +323,3 @@ class Engine(abc.ABC):
         if not isinstance(text, str):
             raise ValueError("choices[0].text is not text")
         return text
-
-
-# Flags qtune reads or checks in a profile's argv, of every engine: where the
-# server listens and what it serves (emitters publish, health-check and mount
-# from them) and the secret-bearing ones (refused in a profile).  A prefix of
-# one of them is what argparse (allow_abbrev, vLLM's and SGLang's default)
-# reads as the whole flag.
-CHECKED_FLAGS = ("--host", "--port", "--model", "--model-path", "--tokenizer",
-                 "--tokenizer-path", "--served-model-name", "--uds", "--api-key",
-                 "--admin-api-key", "--hf-token", "--token", "--ssl-keyfile",
-                 "--ssl-certfile", "--ssl-ca-certs", "--ssl-keyfile-password",
-                 "--password", "--secret", "--download-dir", "--config")
-
-
-def abbreviated_flag(args: Sequence[str], known: Sequence[str] = CHECKED_FLAGS
-                     ) -> tuple[int, str, str] | None:
-    """The first argument (index, as given, the flag it stands for) that
-    argparse would read as an abbreviation of one of ``known``: a long flag
-    that is not itself known but a strict prefix of a known one.  None when
-    there is none.  Arguments after ``--`` are positional, as for argparse."""
-    known_set = set(known)
-    for i, a in enumerate(args):
-        if a == "--":
-            break
-        if not a.startswith("--") or len(a) <= 2:
-            continue
-        name = a.split("=", 1)[0]
-        if name in known_set:
-            continue
-        full = [k for k in known if k.startswith(name)]
-        if full:
-            return i, name, full[0]
-    return None
-
-
-def int_flag(argv: Sequence[str], flag: str) -> int | None:
-    """The value of ``flag`` in a launch command, when it is set there."""
-    if flag in argv[:-1]:
-        return int(argv[list(argv).index(flag) + 1])
-    return None
-
-
-def cached_engine_json(cache_name: str) -> dict[str, Any] | None:
-    """The mapping ``engine_json`` cached under ``cache_name`` on this host,
-    or None (never runs the engine)."""
-    path = cache_dir() / "engines" / cache_name
-    try:
-        data = json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def to_flag(name: str, value: Any, info: Mapping[str, Any] | None = None) -> list[str]:
-    """The words that set ``name`` to ``value`` on an engine's command line;
-    ``info`` is the installed engine's description of the flag
-    (``Engine.read_args``), if known: its ``flag``, its ``kind`` and, for a
-    boolean flag with one, its ``negative`` form (``--no-compile``)."""
-    flag = info["flag"] if info else "--" + name.replace("_", "-")
-    if info and info["kind"] == "flag":
-        if value:
-            return [flag]
-        # store_true has only the positive form; a switch pair has both
-        return [info["negative"]] if info.get("negative") else []
-    if isinstance(value, Mapping):  # a config given as JSON (--speculative-config)
-        return [flag, json.dumps(dict(value), sort_keys=True, separators=(",", ":"))]
-    if isinstance(value, bool):
-        return [flag] if value else ["--no-" + flag[2:]]
-    return [flag, str(value)]
-
-
-def engine_json(install: EngineInstall, cache_name: str, script: str,
-                timeout: float) -> Any:
-    """What ``script``, run by the engine's own Python, prints after
-    ``QTUNE-ARGS`` (JSON), cached under ``cache_name`` (name it by version and
-    build); None when it cannot be run or read.  The engines' argument
-    readers use it: importing an engine costs seconds to minutes."""
-    if install.python is None:
-        return None
-    path = cache_dir() / "engines" / cache_name
-    if path.is_file():
-        try:
-            return json.loads(path.read_text())
-        except ValueError:
-            pass
-    try:
-        proc = subprocess.run([install.python, "-c", script], capture_output=True,
-                              text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("QTUNE-ARGS")),
-                None)
-    if proc.returncode != 0 or line is None:
-        return None
-    try:
-        data = json.loads(line[len("QTUNE-ARGS"):])
-    except ValueError:
-        return None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
-    return data
-
-
-def classify_by_patterns(
-    log_text: str, patterns: list[tuple[str, str]], default: str = "crash"
-) -> Failure:
-    """First matching (regex, reason) wins; the detail is the matching line."""
-    for pattern, reason in patterns:
-        m = re.search(pattern, log_text, re.M)
-        if m:
-            start = log_text.rfind("\n", 0, m.start()) + 1
-            end = log_text.find("\n", m.end())
-            line = log_text[start : end if end >= 0 else None].strip()
-            # "(EngineCore pid=1) ERROR 11-29 23:53:35 [core.py:1510] msg" → msg
-            line = re.sub(r"^\([^)]*\)\s+[A-Z]+\s+[\d-]+\s+[\d:]+\s+\[[^\]]*\]\s*",
-                          "", line)
-            return Failure(reason, line[:400])
-    lines = [ln.strip() for ln in log_text.strip().splitlines() if ln.strip()]
-    # The last line is often a stack frame ("frame #22: _start + 0x25"); the
-    # last line that names an error says more.
-    errors = [ln for ln in lines if re.search(r"Error\b|Exception\b|error:", ln)]
-    pick = errors[-1] if errors else lines[-1] if lines else "no output"
-    return Failure(default, pick[-400:])

@@ -9,7 +9,7 @@ names, as they always were."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import optuna
 from optuna.distributions import (
@@ -20,6 +20,7 @@ from optuna.distributions import (
 )
 from optuna.trial import TrialState
 
+from qtune.params import JSONObject, Params
 from qtune.search.inputs import Prepared
 from qtune.search.records import (
     Attr,
@@ -40,7 +41,7 @@ def qualified(engine: str, name: str) -> str:
     return f"{engine}.{name}"
 
 
-def own_params(engine: str, params: dict[str, Any]) -> dict[str, Any]:
+def own_params(engine: str, params: Params) -> Params:
     """``engine``'s values among a trial's params, under the engine's names."""
     head = engine + "."
     return {k[len(head):]: v for k, v in params.items() if k.startswith(head)}
@@ -56,7 +57,7 @@ def _suggest(trial: optuna.Trial, name: str, d: BaseDistribution) -> Any:
     raise TypeError(f"no suggestion for {type(d).__name__}")
 
 
-def suggest(prep: Prepared, trial: optuna.Trial) -> tuple[Prepared, dict[str, Any]]:
+def suggest(prep: Prepared, trial: optuna.Trial) -> tuple[Prepared, Params]:
     """A sampled trial of a study across engines: the engine first, then
     that engine's parameters only.  Returns the engine's prepared study and
     the values under its own names (tidied, without its fixed params)."""
@@ -68,12 +69,12 @@ def suggest(prep: Prepared, trial: optuna.Trial) -> tuple[Prepared, dict[str, An
     return sub, tidy(own_params(sub.engine.name, trial.params), sub.params)
 
 
-def design_point(engine: str, point: dict[str, Any]) -> dict[str, Any]:
+def design_point(engine: str, point: Params) -> Params:
     """A start-design point of ``engine`` as the study enqueues it."""
     return {ENGINE_PARAM: engine, **{qualified(engine, k): v for k, v in point.items()}}
 
 
-def engine_summary(study: optuna.Study) -> list[dict[str, Any]] | None:
+def engine_summary(study: optuna.Study) -> list[JSONObject] | None:
     """Each engine's best fully measured feasible trial against the others'
     on the study's one workload (None for a study of one engine): its
     trial and value (the confirmation median when it was re-measured), its
@@ -132,7 +133,7 @@ def _bracket(r: TrialRecord, conf: dict[str, Any]) -> list[float | None] | None:
     return list(b) if b else None
 
 
-def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
+def summary_lines(rows: list[JSONObject]) -> list[str]:
     """``engine_summary`` as text, one engine a line: ``qtune report``, the
     HTML report and the profile's note."""
     out = []
@@ -146,7 +147,8 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
         rel = "best" if r["vs_best"] == 1.0 else f"{r['vs_best']:.2f}x the best"
         value = f"{r['value']:.4g}"
         if "bracket" in r:
-            held, failed = r["bracket"]
+            # engine_summary's [held, failed) (``_bracket``)
+            held, failed = cast("list[float | None]", r["bracket"])
             value += f" [{held:.4g}, {'-' if failed is None else f'{failed:.4g}'})"
             if r.get("separated") is False:
                 rel += (f", not separated from it: failed only at {failed:.4g}, above the "

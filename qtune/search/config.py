@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from qtune.errors import InputError, StudyError, printable
 from qtune.load.workload import Workload
 from qtune.objectives import SLO
 from qtune.options import CapacitySearch, Confirmation, Fleet, QualityGate
+from qtune.params import JSONObject, Params
 from qtune.yamlfile import read_mapping
 
 
@@ -93,15 +95,15 @@ def _check_range(spec: dict[Any, Any], where: str) -> None:
 
 
 def apply_overrides(
-    params: list[Param], ov: SpaceOverride, extra: dict[str, Any] | None = None
-) -> tuple[list[Param], dict[str, Any]]:
+    params: list[Param], ov: SpaceOverride, extra: Mapping[str, JSONObject] | None = None
+) -> tuple[list[Param], Params]:
     """Return (tunable params, fixed values).  ``extra`` describes the
     installed engine's other flags ({dest: {kind, choices, ...}}): a space file
     may tune or fix any of them.  Unknown names fail with the nearest names."""
     by_name = {p.name: p for p in params}
     known = {**{name: _other_flag(name, info) for name, info in (extra or {}).items()
                 if name not in by_name}, **by_name}
-    fixed: dict[str, Any] = {}
+    fixed: Params = {}
     out = dict(by_name)
     for name, spec in ov.entries.items():
         if name not in known:

@@ -4,11 +4,12 @@ budget from the first measured trial on (``qtune.search.budget``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import optuna
 
 from qtune.objectives import get_objective
+from qtune.params import JSONObject
 from qtune.search.budget import ConfirmationPlan, plan_confirmation
 from qtune.search.inputs import Prepared
 from qtune.search.records import StudyAttr, TrialRecord, TrialStatus
@@ -106,7 +107,7 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
     runs = _CapacityRuns(top)
     challenge = _challenges(top, runs.held) if cfg.objective == "capacity" else {}
 
-    def seen(r: TrialRecord, summary: dict[str, Any]) -> None:
+    def seen(r: TrialRecord, summary: JSONObject) -> None:
         if runs.seen(r, summary) and not r.baseline:
             # The defaults are challenged at what the configs that beat
             # them held on their fresh starts, not at a lucky search pass.
@@ -144,9 +145,11 @@ class _CapacityRuns:
         self.asked: dict[int, list[float]] = {r.number: [] for r in top}
         self.held: dict[int, list[float | None]] = {r.number: [] for r in top}
 
-    def seen(self, r: TrialRecord, summary: dict[str, Any]) -> bool:
+    def seen(self, r: TrialRecord, summary: JSONObject) -> bool:
         """Keep one run's outcome; False when it was no capacity run."""
-        cap = summary.get("capacity") or {}
+        # The capacity search's record, as qtune.capacity.CapacityResult.to_dict
+        # wrote it.
+        cap = cast("dict[str, Any]", summary.get("capacity") or {})
         if not cap:
             return False
         self.verdicts[r.number].append(cap.get("decided") or cap.get("reason") or "")
@@ -162,7 +165,7 @@ class _CapacityRuns:
         return True
 
     def view(self, n: int, search: list[float | None], fresh: list[float],
-             first: float) -> dict[str, Any]:
+             first: float) -> JSONObject:
         """A capacity is confirmed by holding it again on fresh starts; its
         interval is the bracket [held, failed): the search's, narrowed by
         what the fresh starts held and failed."""

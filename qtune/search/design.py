@@ -4,11 +4,13 @@ anchored on a seed that clearly beat the engine defaults)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from qtune.params import Params
 from qtune.search.choice import design_point
 from qtune.search.inputs import Prepared
 from qtune.search.records import Attr, TrialRecord
@@ -18,7 +20,7 @@ from qtune.search.trial import estimate_memory
 
 
 def pending_seeds(prep: Prepared, study: optuna.Study,
-                   engine: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+                   engine: Mapping[str, str]) -> list[tuple[Params, str]]:
     """The engine's informed first points (``seeds``) not yet run in this
     study, that are in the tuned space, valid and predicted to fit.
     ``engine``: the attribute of its trials in a study across engines."""
@@ -59,7 +61,7 @@ def start_design(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Non
     if not free:
         return  # every tuned parameter is the seed's: the design would repeat it
 
-    def valid(point: dict[str, Any]) -> bool:
+    def valid(point: Params) -> bool:
         return _launchable(prep, {**tidy({**point, **anchor}, prep.params), **prep.fixed})
 
     if anchor:
@@ -104,7 +106,7 @@ def _design_engines(prep: Prepared, study: optuna.Study) -> None:
     share = -(-startup_trials(cfg.trials) // len(subs))
     designs = []
     for sub in subs:
-        def valid(point: dict[str, Any], sub: Prepared = sub) -> bool:
+        def valid(point: Params, sub: Prepared = sub) -> bool:
             return _launchable(sub, {**tidy(point, sub.params), **sub.fixed})
 
         designs.append((sub.engine.name, initial_design(sub.params, share, cfg.seed, valid)))

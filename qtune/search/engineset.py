@@ -9,13 +9,13 @@ defaults' run, and what the study records and reports."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
 
 from qtune.engines.base import LoadView
+from qtune.params import Params
 from qtune.search.choice import qualified, suggest
 from qtune.search.inputs import Prepared
 from qtune.search.records import Attr, StudyAttr
@@ -34,7 +34,7 @@ class OneEngine:
         """The prepared study of each engine searched, in the order named."""
         return [self.prep]
 
-    def attr(self, sub: Prepared) -> dict[str, Any]:
+    def attr(self, sub: Prepared) -> dict[str, str]:
         """The attribute that marks a trial as ``sub``'s engine's (none with
         one engine: its journal stays as it was)."""
         return {}
@@ -52,7 +52,7 @@ class OneEngine:
         each trial suggests its engine's sub-space (``sample``)."""
         return distributions(self.prep.params)
 
-    def sample(self, trial: optuna.Trial) -> tuple[Prepared, dict[str, Any]]:
+    def sample(self, trial: optuna.Trial) -> tuple[Prepared, Params]:
         """An asked trial's engine (its prepared study) and its values."""
         return self.prep, trial.params
 
@@ -67,7 +67,7 @@ class OneEngine:
     def space(self) -> dict[str, str]:
         return {p.name: describe(p) for p in self.prep.params}
 
-    def fixed(self) -> dict[str, Any]:
+    def fixed(self) -> Params:
         return dict(self.prep.fixed)
 
     def shape(self, study: optuna.Study) -> tuple[Prepared, list[str]]:
@@ -83,7 +83,7 @@ class SeveralEngines(OneEngine):
     def each(self) -> list[Prepared]:
         return list(self.prep.engines.values())
 
-    def attr(self, sub: Prepared) -> dict[str, Any]:
+    def attr(self, sub: Prepared) -> dict[str, str]:
         return {Attr.ENGINE: sub.engine.name}
 
     def names(self) -> list[str] | None:
@@ -95,7 +95,7 @@ class SeveralEngines(OneEngine):
     def distributions(self) -> dict[str, BaseDistribution] | None:
         return None
 
-    def sample(self, trial: optuna.Trial) -> tuple[Prepared, dict[str, Any]]:
+    def sample(self, trial: optuna.Trial) -> tuple[Prepared, Params]:
         return suggest(self.prep, trial)
 
     def of_best(self, study: optuna.Study) -> Prepared:
@@ -109,7 +109,7 @@ class SeveralEngines(OneEngine):
         return {qualified(n, p.name): describe(p)
                 for n, sub in self.prep.engines.items() for p in sub.params}
 
-    def fixed(self) -> dict[str, Any]:
+    def fixed(self) -> Params:
         return {qualified(n, k): v for n, sub in self.prep.engines.items()
                 for k, v in sub.fixed.items()}
 

@@ -33,16 +33,17 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from qtune.errors import InputError, StudyError, mask_url
 from qtune.host import HostFacts
 from qtune.host.installed import EngineInstall
+from qtune.params import JSONObject
 from qtune.search import optuna_api
 
 
@@ -84,16 +85,22 @@ def is_fleet(url: str) -> bool:
     return scheme in ("postgresql", "postgres", "mysql", "grpc")
 
 
-def retry_callback() -> Any:
+# What Optuna calls with a trial it failed as stale (RDBStorage's
+# heartbeat_stale_trial_callback, failed_trial_callback before Optuna 5).
+StaleTrialCallback = Callable[[optuna.Study, FrozenTrial], None]
+
+
+def retry_callback() -> StaleTrialCallback:
     """Optuna's callback that queues a failed stale trial again."""
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) \
         or optuna.storages.RetryFailedTrialCallback
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # experimental in some 4.x releases
-        return retry(max_retry=MAX_RETRY)
+        callback: StaleTrialCallback = retry(max_retry=MAX_RETRY)
+        return callback
 
 
-def storage_kwargs(heartbeat_s: int) -> dict[str, Any]:
+def storage_kwargs(heartbeat_s: int) -> dict[str, int | StaleTrialCallback]:
     """RDBStorage's heartbeat arguments for a fleet study."""
     # Optuna 5 renamed the argument (the old name warns); 4.x knows only it.
     params = inspect.signature(optuna.storages.RDBStorage).parameters
@@ -169,7 +176,7 @@ def check_hosts(study: optuna.Study, facts: dict[str, str], allow_mixed: bool,
             "pass --allow-mixed-hosts to mix them knowingly")
 
 
-def trial_attrs(facts: dict[str, str]) -> dict[str, Any]:
+def trial_attrs(facts: dict[str, str]) -> JSONObject:
     return {FleetAttr.WORKER: worker_id(), FleetAttr.HOST_FACTS: facts}
 
 

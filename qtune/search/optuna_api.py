@@ -8,12 +8,22 @@ gRPC proxy's server factory).  Each is checked against the Optuna range
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Protocol
 
 import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
+
+
+class ProxyServer(Protocol):
+    """What ``qtune storage-proxy`` uses of the ``grpc.Server`` Optuna
+    makes (grpc ships no types)."""
+
+    def start(self) -> None: ...
+    def wait_for_termination(self, timeout: float | None = None) -> bool: ...
+    def stop(self, grace: float | None) -> threading.Event: ...
 
 
 def storage_of(study: optuna.Study) -> BaseStorage:
@@ -40,7 +50,7 @@ def trial_by_number(study: optuna.Study, number: int) -> FrozenTrial:
         storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
 
 
-def heartbeat_enabled(storage: Any) -> bool:
+def heartbeat_enabled(storage: BaseStorage) -> bool:
     """Whether Optuna's own heartbeat runs on ``storage`` (RDB storage
     opened with it, bare or in the cache a Study wraps it in)."""
     from optuna.storages._heartbeat import is_heartbeat_enabled
@@ -48,13 +58,15 @@ def heartbeat_enabled(storage: Any) -> bool:
     return bool(is_heartbeat_enabled(storage))
 
 
-def grpc_server(storage: BaseStorage, host: str, port: int, threads: int) -> Any:
+def grpc_server(storage: BaseStorage, host: str, port: int, threads: int) -> ProxyServer:
     """Optuna's gRPC storage proxy server, not started (``run_grpc_proxy_server``,
     the public form, blocks and cannot say when it is listening).  Raises
     ImportError without grpcio."""
     from optuna.storages._grpc.server import make_server
 
-    return make_server(storage, host, port, ThreadPoolExecutor(max_workers=threads))
+    server: ProxyServer = make_server(storage, host, port,
+                                      ThreadPoolExecutor(max_workers=threads))
+    return server
 
 
 def name_values(study: optuna.Study, names: list[str]) -> None:

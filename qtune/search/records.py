@@ -33,11 +33,15 @@ class TrialStatus(StrEnum):
     UNKNOWN = "unknown"  # no status stored, or one this version does not know
 
     @classmethod
-    def read(cls, raw: Any) -> TrialStatus:
-        try:
-            return cls(raw)
-        except ValueError:
-            return cls.UNKNOWN
+    def read(cls, raw: object) -> TrialStatus:
+        """The status a trial stored; UNKNOWN for none (or not a str: no
+        member's value equals one)."""
+        if isinstance(raw, str):
+            try:
+                return cls(raw)
+            except ValueError:
+                pass
+        return cls.UNKNOWN
 
 
 # The statuses of trials that launched a server (a refused one did not).

@@ -20,18 +20,24 @@ import json
 import random
 import re
 import statistics
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from unittest import mock
 
+from qtune.bench import BenchConfig
 from qtune.errors import InputError
 from qtune.launch import LaunchSpec
+from qtune.load import Watcher
 from qtune.load.client import RequestSample
 from qtune.measure import Measurement, replace_measure_server
 from qtune.metrics import metric_value, summarize
+from qtune.params import JSONObject, Params, ParamValue
 from qtune.search.config import TuneConfig
+
+if TYPE_CHECKING:
+    from qtune.search.inputs import Prepared
 
 TABLE_VERSION = 1
 # How often the live load client lets the pruner look (qtune.load: "a few
@@ -39,13 +45,13 @@ TABLE_VERSION = 1
 _WATCH_EVERY = 5
 
 
-def config_key(params: Mapping[str, Any], tuned: Sequence[str]) -> str:
+def config_key(params: Mapping[str, ParamValue], tuned: Sequence[str]) -> str:
     """A config's name in the table: its tuned values ("" for the engine
     defaults, which set none of them)."""
     return ",".join(f"{k}={params[k]}" for k in sorted(tuned) if k in params)
 
 
-def sample_record(s: RequestSample, t0: float) -> dict[str, Any]:
+def sample_record(s: RequestSample, t0: float) -> JSONObject:
     """One request of a measured run as the table keeps it (times in s,
     ``start`` from the run's first send)."""
     return {"start": round(s.start - t0, 6), "ttft": s.ttft, "e2e": s.e2e,
@@ -94,13 +100,15 @@ class Table:
         return cls.from_rows(meta, [json.loads(line) for line in lines if line.strip()])
 
     @classmethod
-    def from_rows(cls, meta: dict[str, Any], rows: list[dict[str, Any]]) -> Table:
+    def from_rows(cls, meta: JSONObject, rows: list[JSONObject]) -> Table:
         runs: dict[str, list[Run]] = {}
         params: dict[str, dict[str, Any]] = {}
-        for r in rows:
+        # The rows as benchmarks/replay_table.py writes them: read, not checked.
+        written: list[dict[str, Any]] = rows
+        for r in written:
             if "summary" not in r:
                 continue
-            key = config_key(r["params"], meta["tuned"])
+            key = config_key(r["params"], cast("list[str]", meta["tuned"]))
             params[key] = r["params"]
             runs.setdefault(key, []).append(
                 Run(r["summary"], r["samples"], r["startup_s"], r["measure_s"]))
@@ -139,7 +147,7 @@ class Table:
         return (v / d) if self.meta["direction"] == "maximize" else (d / v)
 
 
-def measured_grid(params: Sequence[Mapping[str, Any]],
+def measured_grid(params: Sequence[Mapping[str, ParamValue]],
                   dims: Sequence[str]) -> dict[str, list[int]]:
     """The largest product of the grid's two dimensions ``dims`` (outer,
     inner: as the table's ``space`` names them, e.g. vLLM's auto_tune.sh
@@ -151,7 +159,8 @@ def measured_grid(params: Sequence[Mapping[str, Any]],
     have: dict[int, set[int]] = {}
     for p in params:
         if outer in p:
-            have.setdefault(p[outer], set()).add(p[inner])
+            # a grid's dimensions are int params (max_num_seqs, max_num_batched_tokens)
+            have.setdefault(cast(int, p[outer]), set()).add(cast(int, p[inner]))
     if not have:
         return {}
     widest = max(have.values(), key=len)
@@ -177,6 +186,10 @@ class Launch:
     seconds: float  # the drawn run's start plus measurement
 
 
+# A table config's launch: its params -> the engine's launch spec.
+SpecOf = Callable[[Mapping[str, ParamValue]], LaunchSpec]
+
+
 @dataclass
 class StandIn:
     """Answers ``measure_server`` from ``table``: a launch spec is matched to
@@ -184,7 +197,7 @@ class StandIn:
     table config), and a run of that config is drawn with ``rng``."""
 
     table: Table
-    spec_of: Any  # params -> LaunchSpec (the engine's own launch_spec)
+    spec_of: SpecOf  # the engine's own launch_spec
     rng: random.Random
     launches: list[Launch] = field(default_factory=list)
     _by_spec: dict[tuple[Any, ...], str] = field(default_factory=dict)
@@ -201,8 +214,9 @@ class StandIn:
                              + " ".join(spec.argv),
                              hint="the replay's space must be the table's") from None
 
-    def measure(self, spec: LaunchSpec, *, watch: Any = None,
-                on_ready: Any = None, before: Any = None) -> Measurement:
+    def measure(self, spec: LaunchSpec, *, watch: Watcher | None = None,
+                on_ready: Callable[[float], None] | None = None,
+                before: Callable[[], None] | None = None) -> Measurement:
         key = self.key_of(spec)
         run = self.rng.choice(self.table.runs[key])
         if on_ready is not None:
@@ -243,9 +257,13 @@ class StandIn:
 def standing_in(stand_in: StandIn) -> Iterator[StandIn]:
     """Every ``measure_server`` in this block is answered by ``stand_in``."""
 
-    def answer(spec: LaunchSpec, log: Path, bench: Any, **kw: Any) -> Measurement:
-        return stand_in.measure(spec, watch=kw.get("watch"), on_ready=kw.get("on_ready"),
-                                before=kw.get("before"))
+    def answer(spec: LaunchSpec, log: Path, bench: BenchConfig, *,
+               watch: Watcher | None = None,
+               on_ready: Callable[[float], None] | None = None,
+               before: Callable[[], None] | None = None,
+               **_: object) -> Measurement:
+        # (the rest of measure_server's keywords: for a live start only)
+        return stand_in.measure(spec, watch=watch, on_ready=on_ready, before=before)
 
     with replace_measure_server(answer):
         yield stand_in
@@ -334,15 +352,15 @@ class Outcome:
         return None
 
 
-def _spec_of(prep: Any) -> Any:
-    def spec_of(params: Mapping[str, Any]) -> LaunchSpec:
+def _spec_of(prep: Prepared) -> SpecOf:
+    def spec_of(params: Mapping[str, ParamValue]) -> LaunchSpec:
         spec: LaunchSpec = prep.engine.launch_spec(params, prep.ctx, host="127.0.0.1",
                                                    port=0)
         return spec
     return spec_of
 
 
-def replay_search(prep: Any, table: Table, method: str, budget: int, seed: int,
+def replay_search(prep: Prepared, table: Table, method: str, budget: int, seed: int,
                   work: Path) -> Outcome:
     """Run ``method`` against ``table`` for ``budget`` launches with ``seed``
     (the sampler's seed and the draws': every method sees the same draws for
@@ -382,7 +400,7 @@ def replay_search(prep: Any, table: Table, method: str, budget: int, seed: int,
                    true_gain=table.gain(pick) if pick is not None else None)
 
 
-def autotune_order(table: Table) -> list[dict[str, Any]]:
+def autotune_order(table: Table) -> list[Params]:
     """auto_tune.sh's launches: the table's first grid dimension outer
     (max_num_seqs), its second inner (max_num_batched_tokens), each list in
     the order given."""
@@ -391,7 +409,7 @@ def autotune_order(table: Table) -> list[dict[str, Any]]:
     return [{outer: s, inner: b, **fixed} for s in outer_values for b in inner_values]
 
 
-def _autotune(prep: Any, table: Table, stand: StandIn, budget: int, seed: int) -> Outcome:
+def _autotune(prep: Prepared, table: Table, stand: StandIn, budget: int, seed: int) -> Outcome:
     spec_of = _spec_of(prep)
     sign = -1.0 if table.meta["direction"] == "maximize" else 1.0
     best: tuple[float, str] | None = None

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
+from qtune.params import JSONObject
 from qtune.search.records import TrialRecord
 
 
@@ -19,7 +20,7 @@ class Reporter(Protocol):
     line worth keeping (a stop reason, a space note, a skipped step)."""
 
     def note(self, text: str) -> None: ...
-    def study_started(self, info: dict[str, Any]) -> None: ...
+    def study_started(self, info: JSONObject) -> None: ...
     def trial_phase(self, number: int, phase: str, detail: str) -> None: ...
     def trial_done(self, rec: TrialRecord, best: TrialRecord | None) -> None: ...
 
@@ -30,7 +31,7 @@ class NullReporter:
     def note(self, text: str) -> None:
         pass
 
-    def study_started(self, info: dict[str, Any]) -> None:
+    def study_started(self, info: JSONObject) -> None:
         pass
 
     def trial_phase(self, number: int, phase: str, detail: str) -> None:

@@ -7,7 +7,7 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import optuna
 
@@ -18,6 +18,7 @@ from qtune.files import csv_text, write_atomic
 from qtune.host import placement
 from qtune.metrics import overload_text
 from qtune.objectives import pareto_latency
+from qtune.params import JSONObject, JSONValue
 from qtune.profile import EngineInfo, Profile, StudyRef
 from qtune.quality import Quality
 from qtune.search.choice import engine_summary, summary_lines
@@ -56,22 +57,28 @@ class TuneResult:
     engines: list[dict[str, Any]] | None = None  # --engine a,b: each one's best
 
 
-def estimate_accuracy(trials: list[TrialRecord], attrs: dict[int, dict[str, Any]]
-                      ) -> dict[str, Any]:
-    """How the memory prediction compared with what launches did."""
+def estimate_accuracy(trials: list[TrialRecord], attrs: Mapping[int, JSONObject]
+                      ) -> dict[str, int]:
+    """How the memory prediction compared with what launches did
+    (``attrs``: each trial's user attributes, by trial number)."""
     launched = [t for t in trials
                 if t.status in LAUNCHED
                 and Attr.MEMORY_ESTIMATE in attrs.get(t.number, {})]
     right = sum(1 for t in launched
-                if attrs[t.number][Attr.MEMORY_ESTIMATE]["fits"] == (t.reason != "oom"))
+                if _predicted_fit(attrs[t.number]) == (t.reason != "oom"))
     return {
         "launches_avoided": sum(1 for t in trials if t.reason == "predicted_oom"),
         "launched_with_prediction": len(launched),
         "prediction_right": right,
         "oom_at_start_despite_fit": sum(
             1 for t in launched
-            if t.reason == "oom" and attrs[t.number][Attr.MEMORY_ESTIMATE]["fits"]),
+            if t.reason == "oom" and _predicted_fit(attrs[t.number])),
     }
+
+
+def _predicted_fit(attrs: JSONObject) -> JSONValue:
+    """Whether a trial's memory estimate said it fits (``Estimate.as_dict``)."""
+    return cast("Mapping[str, JSONValue]", attrs[Attr.MEMORY_ESTIMATE])["fits"]
 
 
 def best_trial(study: optuna.Study, pick: int | None = None) -> TrialRecord | None:
@@ -370,9 +377,9 @@ def build_profile(
     best: TrialRecord,
     baseline: TrialRecord | None,
     n_trials: int,
-    objective: dict[str, Any],
-    pareto_front: list[dict[str, Any]] | None = None,
-    engines: list[dict[str, Any]] | None = None,
+    objective: Mapping[str, JSONValue],
+    pareto_front: list[JSONObject] | None = None,
+    engines: list[JSONObject] | None = None,
 ) -> Profile:
     """``objective``: best, baseline, basis and improvement, as ``finish``
     compared them (``objective_pair``).  ``engines``: each engine's best
@@ -423,8 +430,8 @@ def build_profile(
 
 
 def _profile_notes(prep: Prepared, study: optuna.Study, best: TrialRecord,
-                   baseline: TrialRecord | None, objective: dict[str, Any],
-                   engines: list[dict[str, Any]] | None, quality: dict[str, Any] | None,
+                   baseline: TrialRecord | None, objective: Mapping[str, JSONValue],
+                   engines: list[JSONObject] | None, quality: dict[str, Any] | None,
                    phase: Mapping[str, Any] | None) -> list[str]:
     """What a profile's reader must know beside its figures: random weights,
     a baseline that did not run, an unmeasured quality, the speculative
@@ -448,7 +455,7 @@ def _profile_notes(prep: Prepared, study: optuna.Study, best: TrialRecord,
     if phase:
         notes.append("speculative decoding: " + summary_line(phase))
     if engines:
-        notes.append(f"searched across engines ({', '.join(r['engine'] for r in engines)})"
+        notes.append(f"searched across engines ({', '.join(str(r['engine']) for r in engines)})"
                      f"; the improvement is over {prep.engine.name}'s own defaults; each "
                      "engine's best: " + "; ".join(summary_lines(engines)))
     if (over := overload_note(baseline, best)) is not None:
@@ -466,10 +473,12 @@ def _profile_notes(prep: Prepared, study: optuna.Study, best: TrialRecord,
     return notes
 
 
-def summary_line(rec: Mapping[str, Any]) -> str:
+def summary_line(record: Mapping[str, JSONValue]) -> str:
     """The speculative-decoding phase's outcome (``qtune.search.
     speculative``, the study's ``speculative`` attribute) in one line: the
     profile's note, ``qtune report`` and the HTML report."""
+    # Read as speculative_phase wrote it (its candidates, the A/B's figures).
+    rec: Mapping[str, Any] = record
     if not rec.get("searched"):
         return str(rec.get("why"))
     parts = []

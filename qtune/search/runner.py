@@ -18,6 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from qtune.objectives import get_objective
+from qtune.params import JSONObject, Params
 from qtune.search.budget import (
     TrialBudget,
     costs,
@@ -311,7 +312,7 @@ def _speculative(prep: Prepared, study: optuna.Study, reporter: Reporter,
     engines = engines_of(prep)
     sub = engines.of_best(study)
 
-    def launch(params: dict[str, Any], attrs: dict[str, Any], note: str) -> None:
+    def launch(params: Params, attrs: JSONObject, note: str) -> None:
         _run_unsampled(sub, study, reporter, params, {**attrs, **engines.attr(sub)},
                        note=note)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import optuna
 from optuna.distributions import (
@@ -16,9 +17,10 @@ from optuna.distributions import (
 
 from qtune.engines.base import Param
 from qtune.errors import InputError
+from qtune.params import Params, ParamScalar
 
 
-def tidy(values: dict[str, Any], params: list[Param]) -> dict[str, Any]:
+def tidy(values: Params, params: list[Param]) -> Params:
     """The values to launch with.  Stepped floats come back as
     0.7899999999999999: round them to their step, so the engine, the profile
     and the unit see 0.79.  ``pow2`` ints go to the nearest power of two in
@@ -29,19 +31,21 @@ def tidy(values: dict[str, Any], params: list[Param]) -> dict[str, Any]:
         p = by_name.get(k)
         if p is None:
             continue
+        num = cast(float, v)  # the value of an int or float param (used only so)
         if p.kind == "float" and p.step and not p.log:
             digits = max(0, -math.floor(math.log10(p.step)) + 1)
-            out[k] = round(v, digits)
-        elif p.kind == "int" and p.pow2 and v > 0:
+            out[k] = round(num, digits)
+        elif p.kind == "int" and p.pow2 and num > 0:
             powers = [2**e for e in range(0, 31)
                       if p.bounds[0] <= 2**e <= p.bounds[1]]
             if powers:
-                out[k] = min(powers, key=lambda c: abs(math.log2(c) - math.log2(v)))
+                out[k] = min(powers, key=lambda c: abs(math.log2(c) - math.log2(num)))
     return out
 
 
 def initial_design(params: list[Param], n: int, seed: int,
-                   valid: Any = None, tries: int = 200) -> list[dict[str, Any]]:
+                   valid: Callable[[Params], bool] | None = None,
+                   tries: int = 200) -> list[Params]:
     """``n`` start points as a Latin hypercube: each parameter's range is cut
     into ``n`` strata and every stratum is used once, so with two points an
     on/off parameter is tried both ways and a range at both ends.  Random
@@ -51,12 +55,12 @@ def initial_design(params: list[Param], n: int, seed: int,
     import random
 
     rng = random.Random(seed)
-    design: list[dict[str, Any]] = []
+    design: list[Params] = []
     for _ in range(tries):
         strata = {p.name: rng.sample(range(n), n) for p in params}
         design = []
         for i in range(n):
-            point = {}
+            point: Params = {}
             for p in params:
                 u = (strata[p.name][i] + rng.random()) / n
                 point[p.name] = _at(p, u)
@@ -163,11 +167,12 @@ class _GP(optuna.samplers.GPSampler):
     """Optuna's GPSampler over the trials that set params (``_WithParams``)."""
 
     def infer_relative_search_space(
-            self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+            self, study: optuna.Study, trial: optuna.trial.FrozenTrial
+    ) -> dict[str, BaseDistribution]:
         return super().infer_relative_search_space(_WithParams(study), trial)  # type: ignore[arg-type]
 
     def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
-                        search_space: dict[str, Any]) -> dict[str, Any]:
+                        search_space: dict[str, BaseDistribution]) -> Params:
         return super().sample_relative(_WithParams(study), trial,  # type: ignore[arg-type]
                                        search_space)
 
@@ -177,14 +182,15 @@ class _Grid(optuna.samplers.GridSampler):
     been tried, which raises outside ``Study.optimize``; qtune drives
     ask/tell and checks ``is_exhausted`` itself before each ask."""
 
-    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                    state: optuna.trial.TrialState, values: Sequence[float] | None) -> None:
         pass
 
 
-def grid_values(params: list[Param]) -> dict[str, list[Any]]:
+def grid_values(params: list[Param]) -> dict[str, Sequence[ParamScalar]]:
     """A grid over the space: choices as they are, booleans both ways,
     numeric ranges by powers of two (log) or five even steps."""
-    grid: dict[str, list[Any]] = {}
+    grid: dict[str, Sequence[ParamScalar]] = {}
     for p in params:
         if p.kind == "bool":
             grid[p.name] = [False, True]

@@ -16,10 +16,11 @@ with real weights: random weights make the acceptance rate meaningless.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import optuna
 
+from qtune.params import JSONObject, JSONValue, Params, ParamValue
 from qtune.search.inputs import Prepared
 from qtune.search.records import Attr, StudyAttr, TrialRecord, TrialStatus
 from qtune.search.reporter import Reporter
@@ -30,19 +31,20 @@ from qtune.stats import bootstrap_median, ratio_ci
 
 # Launches a trial no sampler chose: (params, attrs, note), the runner's
 # _run_unsampled.
-Launch = Callable[[dict[str, Any], dict[str, Any], str], None]
+Launch = Callable[[Params, JSONObject, str], None]
 
 
 
-def spec_view(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def spec_view(summary: Mapping[str, JSONValue] | None) -> JSONObject | None:
     """A run's speculative-decoding figures from its server view (None when
     the server drafted nothing or was not read)."""
-    server = (summary or {}).get("server") or {}
+    # the server's /metrics view (qtune.load.prometheus), an object
+    server = cast("Mapping[str, JSONValue]", (summary or {}).get("server") or {})
     view = server.get("spec_decode")
     return view if isinstance(view, dict) else None
 
 
-def describe(added: Mapping[str, Any]) -> str:
+def describe(added: Mapping[str, ParamValue]) -> str:
     """A candidate in one line: what it adds to the base config, a nested
     setting's fields spelled out (``method=ngram num_speculative_tokens=3``)."""
     return " ".join(f"{k}={v}" for key, val in added.items()
@@ -55,7 +57,7 @@ def _added(params: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]
 
 
 def decide(base: list[float], spec: list[float], maximize: bool,
-           spec_failures: int = 0) -> dict[str, Any]:
+           spec_failures: int = 0) -> JSONObject:
     """Keep speculative decoding only when its gain over the base config is
     beyond the noise: the bootstrap 95% interval of the ratio of medians
     (in the objective's sense, > 1 better) lies above 1, and no round of it
@@ -92,7 +94,7 @@ def speculative_phase(prep: Prepared, study: optuna.Study, reporter: Reporter,
             or StudyAttr.SPECULATIVE in study.user_attrs:
         return
 
-    def record(out: dict[str, Any]) -> None:
+    def record(out: JSONObject) -> None:
         study.set_user_attr(StudyAttr.SPECULATIVE, out)
         reporter.note("speculative decoding: " + summary_line(out))
 
@@ -180,10 +182,11 @@ def _ab(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: Report
     acceptance rate per round (the last item)."""
     accept: list[float | None] = []
 
-    def acceptance(r: TrialRecord, summary: dict[str, Any]) -> None:
+    def acceptance(r: TrialRecord, summary: JSONObject) -> None:
         if r is items[-1]:
             view = spec_view(summary)
-            accept.append(view["acceptance_rate"] if view else None)
+            # the engine's acceptance rate (qtune.metrics.spec_acceptance)
+            accept.append(cast(float, view["acceptance_rate"]) if view else None)
 
     values, failures = remeasure(prep, items, repeats, reporter, phase="speculative A/B",
                                  log_name="spec-ab", seed_phase=Phase.SPECULATIVE,

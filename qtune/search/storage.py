@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar, cast
 
 import optuna
+from optuna.storages import BaseStorage
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from qtune.errors import InputError, StudyError, mask_url, printable
@@ -273,17 +275,31 @@ _WRITES = ("create_new_study", "delete_study", "set_study_user_attr",
            "set_trial_user_attr", "set_trial_system_attr")
 
 
-class ReadOnlyStorage(optuna.storages.BaseStorage):
+_Method = TypeVar("_Method", bound=Callable[..., object])
+
+
+def _delegated(method: _Method) -> _Method:
+    """A stand-in for an abstract method of ``BaseStorage``, typed as that
+    method: ``ReadOnlyStorage.__getattribute__`` answers every call to it,
+    so the stand-in never runs (and, unlike the abstract method itself,
+    does not leave the class abstract)."""
+    def unreachable(*_: object, **__: object) -> NoReturn:
+        raise AssertionError("ReadOnlyStorage delegates through __getattribute__")
+
+    return cast(_Method, unreachable)
+
+
+class ReadOnlyStorage(BaseStorage):
     """A storage whose write methods raise: ``report``, ``check`` and
     ``--pick`` read a study and by construction cannot append a trial or
     rewrite an attribute, whatever code path runs."""
 
-    def __init__(self, inner: optuna.storages.BaseStorage) -> None:
+    def __init__(self, inner: BaseStorage) -> None:
         self._inner = inner
 
     def __getattribute__(self, name: str) -> Any:
         if name in _WRITES:
-            def refuse(*_: Any, **__: Any) -> Any:
+            def refuse(*_: object, **__: object) -> NoReturn:
                 raise StudyError(f"the study is open read-only ({name})",
                                  hint="report, check and --pick never change a study")
             return refuse
@@ -294,26 +310,30 @@ class ReadOnlyStorage(optuna.storages.BaseStorage):
             return getattr(inner, name)
         return object.__getattribute__(self, name)
 
-    # (abstract in BaseStorage: delegated through __getattribute__)
-    def create_new_study(self, *a: Any, **k: Any) -> Any: ...
-    def delete_study(self, *a: Any, **k: Any) -> Any: ...
-    def set_study_user_attr(self, *a: Any, **k: Any) -> Any: ...
-    def set_study_system_attr(self, *a: Any, **k: Any) -> Any: ...
-    def get_study_id_from_name(self, *a: Any, **k: Any) -> Any: ...
-    def get_study_name_from_id(self, *a: Any, **k: Any) -> Any: ...
-    def get_study_directions(self, *a: Any, **k: Any) -> Any: ...
-    def get_study_user_attrs(self, *a: Any, **k: Any) -> Any: ...
-    def get_study_system_attrs(self, *a: Any, **k: Any) -> Any: ...
-    def get_all_studies(self, *a: Any, **k: Any) -> Any: ...
-    def create_new_trial(self, *a: Any, **k: Any) -> Any: ...
-    def set_trial_param(self, *a: Any, **k: Any) -> Any: ...
-    def get_trial_id_from_study_id_trial_number(self, *a: Any, **k: Any) -> Any: ...
-    def set_trial_state_values(self, *a: Any, **k: Any) -> Any: ...
-    def set_trial_intermediate_value(self, *a: Any, **k: Any) -> Any: ...
-    def set_trial_user_attr(self, *a: Any, **k: Any) -> Any: ...
-    def set_trial_system_attr(self, *a: Any, **k: Any) -> Any: ...
-    def get_trial(self, *a: Any, **k: Any) -> Any: ...
-    def get_all_trials(self, *a: Any, **k: Any) -> Any: ...
+    # Abstract in BaseStorage, so named here for the class to be concrete,
+    # with Optuna's own signatures; every call is answered by
+    # __getattribute__ above (refused, or the inner storage's method).
+    create_new_study = _delegated(BaseStorage.create_new_study)
+    delete_study = _delegated(BaseStorage.delete_study)
+    set_study_user_attr = _delegated(BaseStorage.set_study_user_attr)
+    set_study_system_attr = _delegated(BaseStorage.set_study_system_attr)
+    get_study_id_from_name = _delegated(BaseStorage.get_study_id_from_name)
+    get_study_name_from_id = _delegated(BaseStorage.get_study_name_from_id)
+    get_study_directions = _delegated(BaseStorage.get_study_directions)
+    get_study_user_attrs = _delegated(BaseStorage.get_study_user_attrs)
+    get_study_system_attrs = _delegated(BaseStorage.get_study_system_attrs)
+    get_all_studies = _delegated(BaseStorage.get_all_studies)
+    create_new_trial = _delegated(BaseStorage.create_new_trial)
+    set_trial_param = _delegated(BaseStorage.set_trial_param)
+    get_trial_id_from_study_id_trial_number = _delegated(
+        BaseStorage.get_trial_id_from_study_id_trial_number)
+    set_trial_state_values = _delegated(BaseStorage.set_trial_state_values)
+    set_trial_intermediate_value = _delegated(
+        BaseStorage.set_trial_intermediate_value)
+    set_trial_user_attr = _delegated(BaseStorage.set_trial_user_attr)
+    set_trial_system_attr = _delegated(BaseStorage.set_trial_system_attr)
+    get_trial = _delegated(BaseStorage.get_trial)
+    get_all_trials = _delegated(BaseStorage.get_all_trials)
 
 
 # How long a worker waits for the storage proxy to answer when it starts.

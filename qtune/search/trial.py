@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from qtune.load.workload import Workload
 from qtune.measure import Measurement, ServerDied, interleaved, measure_load, measure_server
 from qtune.metrics import metric_value
 from qtune.objectives import get_objective
+from qtune.params import JSONObject, Params
 from qtune.quality import Quality, Sample, compare, not_measured, take_sample, violation
 from qtune.quality import reason as quality_reason
 from qtune.search.budget import TrialBudget
@@ -61,14 +63,14 @@ def tell(study: optuna.Study, trial: optuna.Trial, rec: TrialRecord, reporter: R
     reporter.trial_done(rec, best_trial(study))
 
 
-def refuse(study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], reason: str,
+def refuse(study: optuna.Study, trial: optuna.Trial, params: Params, reason: str,
             detail: str, reporter: Reporter) -> None:
     """Record a config refused without a launch."""
     tell(study, trial, TrialRecord(trial.number, params, TrialStatus.INVALID, reason=reason,
                                    detail=detail), reporter)
 
 
-def estimate_memory(prep: Prepared, params: dict[str, Any]) -> Estimate | None:
+def estimate_memory(prep: Prepared, params: Params) -> Estimate | None:
     try:
         return prep.engine.estimate(params, prep.ctx)
     except (KeyError, ValueError, TypeError, ZeroDivisionError):
@@ -79,7 +81,7 @@ def run_trial(
     prep: Prepared,
     study: optuna.Study,
     trial: optuna.Trial,
-    params: dict[str, Any],
+    params: Params,
     reporter: Reporter,
     budget: TrialBudget | None = None,
 ) -> None:
@@ -159,12 +161,12 @@ def _launch(prep: Prepared, study: optuna.Study, trial: optuna.Trial, params: di
         rec.argv, rec.env = list(spec.argv), dict(spec.env)
         reporter.trial_phase(n, "starting", _short(params) or "engine defaults")
 
-        def before(spec: Any = spec) -> None:
+        def before(spec: LaunchSpec = spec) -> None:
             nonlocal lower
             lower = _lower_levels(prep, spec, n, reporter) if cfg.levels else []
             reporter.trial_phase(n, "measuring", cfg.workload.mode)
 
-        def after(m: Measurement, spec: Any = spec) -> None:
+        def after(m: Measurement, spec: LaunchSpec = spec) -> None:
             below = m.capacity_result is not None and m.capacity_result.below is not None
             if not below and (not m.stopped_early or m.stopped_early == "saturated"):
                 quality[:] = [_quality(prep, study, trial, spec, params, reporter)]
@@ -358,7 +360,8 @@ def bench_config(prep: Prepared, spec: LaunchSpec, wl: Workload) -> BenchConfig:
 
 
 def remeasure(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: Reporter,
-              *, phase: str, log_name: str, seed_phase: Phase, on_run: Any = None,
+              *, phase: str, log_name: str, seed_phase: Phase,
+              on_run: Callable[[TrialRecord, JSONObject], None] | None = None,
               at: dict[int, float] | None = None,
               ) -> tuple[dict[int, list[float]], dict[int, int]]:
     """Each of ``items`` measured ``repeats`` times more, each time on a fresh
