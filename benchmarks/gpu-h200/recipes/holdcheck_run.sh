@@ -50,6 +50,7 @@ for c in "${CS[@]}"; do
   # for a later run to carry as a host that has run vLLM before
   tar czf /tmp/jit-cache.tgz -C ~ .triton .cache/flashinfer 2>/dev/null
 done
+touch $Q/HOLD  # the configs are done (WAIT_FOR=HOLD on a wait call returns here)
 if [ "$TF" = 1 ]; then
   # the parts arrive with the wait calls; up to 10 min for them
   for k in $(seq 120); do [ -f /tmp/tfm/ALL ] && break; sleep 5; done
