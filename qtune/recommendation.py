@@ -21,6 +21,7 @@ from qtune.errors import InputError
 from qtune.objectives import Objective, get_objective, parse_slo
 from qtune.quality import Quality
 from qtune.search.gain import (
+    ObjectivePair,
     chance_apart,
     gain_interval,
     objective_pair,
@@ -241,7 +242,7 @@ def slo_headroom(summary: dict[str, Any] | None) -> list[str]:
 
 
 def _not_confirmed_why(study: optuna.Study, best: TrialRecord, baseline: TrialRecord | None,
-                       pair: dict[str, Any]) -> str | None:
+                       pair: ObjectivePair) -> str | None:
     conf = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
     mine = conf.get(str(best.number)) or {}
     if baseline is None:
@@ -290,9 +291,9 @@ def recommend(study: optuna.Study) -> Recommendation:
     if isinstance(b, (int, float)) and isinstance(w, (int, float)) and min(b, w) > 0:
         ratio = w / b if obj.direction == "maximize" else b / w
     interval: tuple[float, float | None] | None = None
-    if isinstance(pair.get("interval"), list):  # a capacity's bracket ratio
-        lo, hi = pair["interval"]
-        interval = (float(lo), None if hi is None else float(hi))
+    if (ratios := pair.get("interval")) is not None:  # a capacity's bracket ratio
+        lo, hi = ratios
+        interval = (float(lo or 0.0), None if hi is None else float(hi))
     elif baseline is not None:
         interval = gain_interval(study, best, baseline, obj.direction == "maximize")
     basis = str(pair.get("basis", "one run each"))

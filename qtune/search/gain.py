@@ -7,7 +7,7 @@ interval, or why there is none."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypedDict
 
 import optuna
 
@@ -143,8 +143,20 @@ def gain_interval(study: optuna.Study, best: TrialRecord, baseline: TrialRecord,
     return (wl / bh, wh / bl) if maximize else (bl / wh, bh / wl)
 
 
+class ObjectivePair(TypedDict, total=False):
+    """The winner's and the defaults' figures as the improvement compares
+    them (``objective_pair``), and on what basis; for capacities the gain's
+    interval from the two brackets, [low, high or None: unbounded]."""
+
+    best: float | None
+    baseline: float | None
+    basis: str
+    separated: bool
+    interval: list[float | None]
+
+
 def objective_pair(study: optuna.Study, best: TrialRecord,
-                   baseline: TrialRecord | None) -> dict[str, Any]:
+                   baseline: TrialRecord | None) -> ObjectivePair:
     """The winner's and the defaults' objective as the improvement compares
     them: the medians of the confirmation rounds when both were re-measured
     (the winner is picked by median, so its first run may be worse than the
@@ -152,8 +164,8 @@ def objective_pair(study: optuna.Study, best: TrialRecord,
     conf = study.user_attrs.get(StudyAttr.CONFIRMATION) or {}
     if baseline is not None and str(best.number) in conf and str(baseline.number) in conf:
         w, b = conf[str(best.number)], conf[str(baseline.number)]
-        out = {"best": w["median"], "baseline": b["median"],
-               "basis": "median of the confirmation runs"}
+        out: ObjectivePair = {"best": w["median"], "baseline": b["median"],
+                              "basis": "median of the confirmation runs"}
         if best.number != baseline.number:
             wb, bb = _bracket(w), _bracket(b)
             if wb is not None and bb is not None:

@@ -23,7 +23,7 @@ from qtune.profile import EngineInfo, Profile, StudyRef
 from qtune.quality import Quality
 from qtune.search.choice import engine_summary, summary_lines
 from qtune.search.fleet import FleetAttr
-from qtune.search.gain import objective_pair
+from qtune.search.gain import ObjectivePair, objective_pair
 from qtune.search.inputs import Prepared, at_load
 from qtune.search.records import (
     BELOW,
@@ -168,9 +168,10 @@ def finish(prep: Prepared, study: optuna.Study) -> TuneResult:
         )
     baseline = baseline_for(trials, best)
     improvement = None
-    pair = objective_pair(study, best, baseline) if best is not None else {}
-    if best and baseline and baseline.value and best.value is not None:
-        b, w = pair["baseline"], pair["best"]
+    pair: ObjectivePair = objective_pair(study, best, baseline) if best is not None else {}
+    b, w = pair.get("baseline"), pair.get("best")
+    if best and baseline and baseline.value and best.value is not None \
+            and b is not None and w is not None:
         if prep.direction in ("minimize", "pareto"):  # pareto: its latency
             improvement = b / w if w else None
         else:
@@ -178,9 +179,10 @@ def finish(prep: Prepared, study: optuna.Study) -> TuneResult:
     profile = path = None
     engines = engine_summary(study)
     if best is not None:
+        # (a TypedDict reads as Mapping[str, object]; its values are JSON)
+        objective = {**cast("dict[str, JSONValue]", pair), "improvement": improvement}
         profile = build_profile(prep.of(best.engine), study, best, baseline, len(trials),
-                                {**pair, "improvement": improvement}, front_view,
-                                engines)
+                                objective, front_view, engines)
         # absolute(), not resolve(): a link is refused (checked), not followed.
         path = (cfg.out or (cfg.profiles_dir / f"{prep.study_name}.yaml")).absolute()
         write_atomic(path, profile.dump(), force=cfg.force, what="--out")
