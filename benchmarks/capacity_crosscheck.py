@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -82,6 +83,11 @@ def main() -> int:
                     "this rate (a capacity a study reported), over --at-requests")
     ap.add_argument("--at-requests", type=int, default=0,
                     help="with --at: requests per client (twice the study's longest probe)")
+    ap.add_argument("--client-windows", type=float, default=None,
+                    help="vLLM's client over this many probe windows of arrivals at the "
+                    "capacity (issue 27: 2); default: twice the longest probe's requests")
+    ap.add_argument("--no-qtune", action="store_true",
+                    help="skip qtune's own run over the same requests (device time)")
     a = ap.parse_args()
     if a.at is not None and a.at_requests <= 0:
         ap.error("--at needs --at-requests > 0")
@@ -122,13 +128,16 @@ def main() -> int:
                 return 1
             rate = cap["value"]
             n = 2 * max(st["requests"] for st in cap["steps"])
+            if a.client_windows:
+                n = math.ceil(a.client_windows * rate * (cap.get("window_s") or a.capacity_window))
             print(f"capacity {rate:g} req/s ({cap.get('decided')}); cross-check over {n} "
                   "requests with fresh prompts", flush=True)
         reset_cache(url)
         v = vllm_bench(a, url, model, tok, rate, n, 777, work)
-        q = qtune_bench(url, model, tok, "--rate", str(rate), "--requests", str(n),
-                        "--warmup", str(a.warmup), "--input-len", str(a.input_len),
-                        "--output-len", str(a.output_len), "--slo", a.slo, "--seed", "778")
+        q = {} if a.no_qtune else qtune_bench(
+            url, model, tok, "--rate", str(rate), "--requests", str(n),
+            "--warmup", str(a.warmup), "--input-len", str(a.input_len),
+            "--output-len", str(a.output_len), "--slo", a.slo, "--seed", "778")
     out["wall_s"] = time.monotonic() - t0
     slo = dict(x.split("<=") for x in a.slo.split(","))
 
@@ -141,14 +150,15 @@ def main() -> int:
                                ("ttft_p50", "p50_ttft_ms", ("ttft_ms", "p50")),
                                ("tpot_p50", "p50_tpot_ms", ("tpot_ms", "p50")),
                                ("e2e_p99", "p99_e2el_ms", ("e2e_ms", "p99"))):
-        vv, qq = v.get(key_v), (q.get(key_q[0]) or {}).get(key_q[1])
+        vv, qq = v.get(key_v), (q.get(key_q[0]) or {}).get(key_q[1], math.nan)
         lim = ms(slo[name]) if name in slo else None
         rows.append((name, vv, qq, lim))
     print(f"\nat {rate:g} req/s, {n} requests each (vLLM's client, then qtune's):")
     print(f"  {'metric':10s} {'vllm':>10s} {'qtune':>10s} {'SLO':>8s}")
     for name, vv, qq, lim in rows:
         print(f"  {name:10s} {vv:10.1f} {qq:10.1f} {lim if lim else '-':>8}")
-    print(f"  {'req/s':10s} {v['request_throughput']:10.2f} {q['request_throughput']:10.2f}"
+    print(f"  {'req/s':10s} {v['request_throughput']:10.2f} "
+          f"{q.get('request_throughput', math.nan):10.2f}"
           f" {rate:>8g} offered")
     # Served: completions over the whole run, drain included, against what a
     # server that keeps up would give (n over the arrival window plus one
@@ -156,8 +166,10 @@ def main() -> int:
     kept_up = n / (n / rate + v["median_e2el_ms"] / 1000)
     held_v = all(vv <= lim for _, vv, _, lim in rows if lim) and \
         v["request_throughput"] >= 0.9 * kept_up
+    held_q = "not run (--no-qtune)" if a.no_qtune else \
+        f"SLO {'held' if (q.get('goodput') or {}).get('slo_met') else 'NOT held'}"
     print(f"vLLM's client: SLO {'held' if held_v else 'NOT held'} at qtune's capacity; "
-          f"qtune bench: SLO {'held' if (q.get('goodput') or {}).get('slo_met') else 'NOT held'}"
+          f"qtune bench: {held_q}"
           f"; prompt tokens per request (server) vLLM {v['total_input_tokens'] / n:.1f}")
     out.update(vllm=v, qtune=q, held_by_vllm=held_v)
     if a.json:

@@ -34,7 +34,7 @@ tfpart)
   fi ;;
 start)
   install_vllm_venv
-  echo "CONFIGS='${CONFIGS:-{\}}'; TF=${TF:-0}" > $Q/chain.sh
+  echo "CONFIGS='${CONFIGS:-{\}}'; TF=${TF:-0}; HOLD_ARGS='${HOLD_ARGS:-}'" > $Q/chain.sh
   cat >> $Q/chain.sh <<'EOC'
 cd /tmp/qrepo; export PYTHONPATH=/tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-vllm/bin/python  # the scripts import qtune from the repo
 i=0
@@ -43,7 +43,7 @@ for c in "${CS[@]}"; do
   s=$(date +%s)
   $PY benchmarks/capacity_crosscheck.py --model examples/qwen3-4b --params "$c" \
     --input-len 1024 --output-len 256 --rate 16 --requests 400 --warmup 160 \
-    --slo 'ttft_p99<=500ms,tpot_p99<=20ms' --json $Q/hold-$i.json > $Q/hold-$i.log 2>&1
+    --slo 'ttft_p99<=500ms,tpot_p99<=20ms' ${HOLD_ARGS:-} --json $Q/hold-$i.json > $Q/hold-$i.log 2>&1
   echo "config $i $c rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
   i=$((i+1))
   # the kernels a machine JIT-compiles on its first start (Triton, FlashInfer's sampling),
