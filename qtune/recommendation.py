@@ -262,9 +262,14 @@ def _not_confirmed_why(study: optuna.Study, best: TrialRecord, baseline: TrialRe
     return None
 
 
-def _emit_command(name: str) -> str:
-    # The search writes profiles/<study>.yaml unless --out named another path.
-    return f"qtune emit {shlex.quote(f'profiles/{name}.yaml')} --format systemd"
+def _emit_command(study: optuna.Study) -> str:
+    # The search writes profiles/<study>.yaml unless --out named another path,
+    # which it records (a transformers study on the GPU, run 20, wrote --out
+    # /tmp/qt/h200-tf.yaml and its report said profiles/h200-tf.yaml).
+    path = study.user_attrs.get(StudyAttr.PROFILE)
+    if not isinstance(path, str) or not path:
+        path = f"profiles/{study.study_name}.yaml"
+    return f"qtune emit {shlex.quote(path)} --format systemd"
 
 
 def recommend(study: optuna.Study) -> Recommendation:
@@ -339,7 +344,7 @@ def recommend(study: optuna.Study) -> Recommendation:
                 f"the engine defaults' {_value(b, unit)}, {gain}; {confirmed}")
     return Recommendation(study.study_name, objective, best.number, kept, flags,
                           dict(best.params), figure, measured_on, quality,
-                          _emit_command(study.study_name), head,
+                          _emit_command(study), head,
                           slo_headroom(best.summary), slo_basis)
 
 

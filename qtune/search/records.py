@@ -109,6 +109,9 @@ class StudyAttr:
     MAX_QUALITY_LOSS = "max_quality_loss"
     SPECULATIVE = "speculative"  # the spec phase: candidates, A/B, kept or not
     ENGINES = "engines"  # --engine a,b: the engines searched across, in order
+    # where the search wrote the profile when --out named a path (absolute):
+    # the report's deploy command names that file, not profiles/<study>.yaml
+    PROFILE = "profile"
 
 
 @dataclass

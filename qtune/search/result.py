@@ -186,6 +186,8 @@ def finish(prep: Prepared, study: optuna.Study) -> TuneResult:
         # absolute(), not resolve(): a link is refused (checked), not followed.
         path = (cfg.out or (cfg.profiles_dir / f"{prep.study_name}.yaml")).absolute()
         write_atomic(path, profile.dump(), force=cfg.force, what="--out")
+        if cfg.out is not None and cfg.pick is None:  # (--pick reads the study only)
+            study.set_user_attr(StudyAttr.PROFILE, str(path))
     attrs = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
     accuracy = estimate_accuracy(trials, attrs)
     # Saved time, estimated: the share of each pruned trial's requests never

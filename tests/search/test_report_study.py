@@ -73,3 +73,21 @@ def test_report_recommends_what_the_search_wrote(fake, monkeypatch, tmp_path):
     assert "startup_failed" in page or "oom" in page
 
 
+
+
+def test_report_names_the_profile_the_search_wrote_with_out(fake, monkeypatch, tmp_path):
+    """With --out the deploy command names that file, not profiles/<study>.yaml
+    (GPU run 20: --out /tmp/qt/h200-tf.yaml, and the report said
+    profiles/h200-tf.yaml, a file that did not exist)."""
+    import shlex
+
+    from qtune.report import report
+
+    script_random_sampler(monkeypatch, [{"delay_ms": 1, "crash": False, "slots": 4}])
+    out = tmp_path / "elsewhere it's.yaml"  # a name the shell must have quoted
+    res = tune(dataclasses.replace(fake, trials=1, out=out,
+                                   confirm=Confirmation(top=0, repeats=0)))
+    assert res.profile_path == out.absolute() and out.is_file()
+    rec = report("fake", None)["recommendation"]
+    assert rec["emit_command"] == f"qtune emit {shlex.quote(str(out.absolute()))} --format systemd"
+    assert shlex.split(rec["emit_command"])[2] == str(out.absolute())
