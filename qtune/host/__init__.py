@@ -390,8 +390,10 @@ def _limit_findings(facts: HostFacts) -> list[Finding]:
             Finding(
                 "open-files-limit",
                 "info",
-                f"open-files limit is {facts.nofile_limit}: vLLM warns below 65536 and "
-                "many concurrent streams can hit 'Too many open files'",
+                # (no engine named: a host whose only engine is Transformers was
+                # told "vLLM warns", GPU run 20)
+                f"open-files limit is {facts.nofile_limit}, under 65536: every concurrent "
+                "stream holds a socket, and many can hit 'Too many open files'",
                 "ulimit -n 65536 for manual runs; the emitted unit sets LimitNOFILE=65536",
             )
         )
