@@ -155,6 +155,17 @@ class ObjectivePair(TypedDict, total=False):
     interval: list[float | None]
 
 
+def gain_of(pair: ObjectivePair, *, minimize: bool) -> float | None:
+    """The winner's gain over the defaults as a profile states it (above 1:
+    better; for ``pareto``, on its latency, ``minimize``)."""
+    b, w = pair.get("baseline"), pair.get("best")
+    if b is None or w is None:
+        return None
+    if minimize:
+        return b / w if w else None
+    return w / b
+
+
 def objective_pair(study: optuna.Study, best: TrialRecord,
                    baseline: TrialRecord | None) -> ObjectivePair:
     """The winner's and the defaults' objective as the improvement compares

@@ -23,7 +23,7 @@ from qtune.profile import EngineInfo, Profile, StudyRef
 from qtune.quality import Quality
 from qtune.search.choice import engine_summary, summary_lines
 from qtune.search.fleet import FleetAttr
-from qtune.search.gain import ObjectivePair, objective_pair
+from qtune.search.gain import ObjectivePair, gain_of, objective_pair
 from qtune.search.inputs import Prepared, at_load
 from qtune.search.records import (
     BELOW,
@@ -167,15 +167,10 @@ def finish(prep: Prepared, study: optuna.Study) -> TuneResult:
             else "no trial can be picked yet: run more trials",
         )
     baseline = baseline_for(trials, best)
-    improvement = None
     pair: ObjectivePair = objective_pair(study, best, baseline) if best is not None else {}
-    b, w = pair.get("baseline"), pair.get("best")
-    if best and baseline and baseline.value and best.value is not None \
-            and b is not None and w is not None:
-        if prep.direction in ("minimize", "pareto"):  # pareto: its latency
-            improvement = b / w if w else None
-        else:
-            improvement = w / b
+    improvement = None
+    if best and baseline and baseline.value and best.value is not None:
+        improvement = gain_of(pair, minimize=prep.direction in ("minimize", "pareto"))
     profile = path = None
     engines = engine_summary(study)
     if best is not None:
