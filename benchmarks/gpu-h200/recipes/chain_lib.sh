@@ -5,12 +5,9 @@
 start_chain() {
   setsid nohup bash $Q/chain.sh > $Q/chain.out 2>&1 < /dev/null &
 }
-# WAIT_FOR=NAME: return once $Q/NAME exists (a step's own marker) instead of the
-# chain's end, so a step's files come back before a later step spends the device time.
 wait_chain() {
   local limit=${LIMIT:-570}
-  while [ ! -f $Q/${WAIT_FOR:-DONE} ] && [ ! -f $Q/DONE ] \
-      && [ $(( $(date +%s)-T_CALL )) -lt $limit ]; do sleep 5; done
+  while [ ! -f $Q/DONE ] && [ $(( $(date +%s)-T_CALL )) -lt $limit ]; do sleep 5; done
   echo "elapsed since start: $(( $(date +%s)-$(cat $Q/t0) ))s; done=$([ -f $Q/DONE ] && echo yes || echo no)"
   cat $Q/chain.log 2>/dev/null
 }
