@@ -425,7 +425,7 @@ def verify(
     if json_out:
         _print_json(res)
     else:
-        console.render_verify(dict(res))  # (the renderers read a plain dict)
+        console.render_verify(res)
 
 
 @app.command()
@@ -460,7 +460,7 @@ def check(
     if json_out:
         _print_json(res)
     else:
-        console.render_check(dict(res))  # (the renderers read a plain dict)
+        console.render_check(res)
     if res["exit_code"]:
         raise typer.Exit(res["exit_code"])
 

@@ -11,7 +11,7 @@ imports rich, and untrusted text has one way to the terminal.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -629,7 +629,7 @@ def _uneven_replicas(sv: dict[str, Any] | None) -> str | None:
             "(one replica drains slower: its GPU, a neighbour on it, or the split)")
 
 
-def render_verify(res: dict[str, Any]) -> None:
+def render_verify(res: Mapping[str, Any]) -> None:
     other = res["against"]
     t = Table(title=f"verify {res['profile']}: {res['repeats']} starts each, "
                     f"median [95% CI]")
@@ -679,7 +679,7 @@ def warn(line: str) -> None:
     err.print(Text("warning: " + printable(line), style="yellow"), soft_wrap=True)
 
 
-def render_check(res: dict[str, Any]) -> None:
+def render_check(res: Mapping[str, Any]) -> None:
     cfg = res["config"]
     t = Table(title=f"check {res['profile']} against {res['url']} ({res['served']})")
     for col in ("setting", "tuned", "running", "read from"):
