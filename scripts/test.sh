@@ -10,6 +10,13 @@ if ! command -v systemd-analyze >/dev/null && [ "$(id -u)" = 0 ]; then
   # The emitter's units are checked by the real systemd-analyze.
   apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd >/dev/null
 fi
+if { ! command -v systemd-nspawn >/dev/null || ! command -v debootstrap >/dev/null; } \
+    && [ "$(id -u)" = 0 ]; then
+  # An emitted unit is started by a real systemd, PID 1 of a container over a
+  # minimal Debian (tests/emit/test_systemd_boot.py): this host's PID 1 is not systemd.
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+    systemd-container debootstrap >/dev/null
+fi
 if ! command -v docker-compose >/dev/null && [ "$(id -u)" = 0 ]; then
   # Compose files are checked by docker-compose's own `config` (no engine needed).
   apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-compose >/dev/null

@@ -77,3 +77,43 @@ def test_a_tiny_study_on_transformers_serve(tmp_path: Path) -> None:
     assert servers() == []
     print(f"study {wall:.0f} s, trials",
           [(t["status"], t.get("value"), t.get("params")) for t in launched])
+
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.skipif(not HAVE_VLLM, reason="vLLM not installed")
+def test_a_study_that_chooses_between_vllm_and_transformers(tmp_path: Path) -> None:
+    """``--engine vllm,transformers`` on the real model, as a user runs it:
+    each engine's defaults measured first, on the same prompts' lengths, and
+    the profile is the better one's, with its own engine's launch.  Here
+    (2 cores) vLLM's start is ~33 s, Transformers' ~5 s; speculative decoding
+    is left out (it adds ~4 min of repeats that test nothing of the choice)."""
+    r = qtune("search", "--engine", "vllm,transformers", "--model", "smollm2-135m",
+              "--trials", "2", "--confirm-top", "0", "--speculative", "off",
+              "--study", "both", "--json", *LOAD, cwd=tmp_path, timeout=540)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    base = {t["engine"]: t for t in res["trials"] if t["baseline"]}
+    assert set(base) == {"vllm", "transformers"}
+    for t in base.values():
+        assert t["status"] == "ok", t
+        s = t["summary"]
+        assert s["completed"] == 4 and s["failed"] == 0 and s["truncated"] == 0
+        assert s["output_tokens"] == 4 * 8
+    # one row per engine, each against the best, and the best is the
+    # profile's engine with its own launch line
+    rows = {e["engine"]: e for e in res["engines"]}
+    assert set(rows) == {"vllm", "transformers"}
+    best = min(rows.values(), key=lambda e: e["value"])
+    assert best["vs_best"] == 1.0
+    assert all(e["vs_best"] >= 1.0 for e in rows.values())
+    profile = Profile.load(Path(res["profile"]))
+    assert profile.engine.name == best["engine"]
+    argv = list(profile.argv)
+    module = argv[argv.index("-m") + 1]
+    assert module.split(".")[0] == best["engine"], argv
+    deadline = time.monotonic() + 20
+    while servers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert servers() == []

@@ -27,15 +27,23 @@ What the unit runs as, and what it can see (issue 29):
 - ``PrivateTmp=yes`` gives the service an empty ``/tmp``: a path under
   ``/tmp`` or ``/var/tmp`` in ``ExecStart=`` or ``Environment=`` would not be
   found (4 of the 5 example profiles had one), so it is refused unless the
-  user opts out of the private ``/tmp`` (``--allow-tmp``); a path under
-  ``/root`` is refused unless the unit runs as root (``/root`` is mode 0700:
-  no other user can reach a file below it);
+  user opts out of the private ``/tmp`` (``--allow-tmp``);
+- a path the unit's user could not reach is refused unless the unit runs as
+  root.  Where the path exists on this host it is judged by its permissions,
+  after symlinks: every folder on the way must let the user pass and the file
+  be readable (the program runnable).  A venv's ``bin/python`` is a link to
+  the interpreter it was made from, often under ``/root`` (mode 0700): the
+  unit then ended ``status=203/EXEC`` under a real systemd (PID 1 in a
+  container, ``tests/emit/test_systemd_boot.py``) although the link itself
+  lay in a readable folder.  A path that does not exist here (a profile for
+  another host) is judged by name: one under ``/root`` is refused;
 - the profile's warnings (random weights, lossy numerics not measured) and
   notes as comment lines at the top, as Compose and Kubernetes carry them.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 from qtune.emit.common import one_line, start_timeout, summary_lines
@@ -105,22 +113,100 @@ def _under(path: str, roots: tuple[str, ...]) -> bool:
     return any(p == r or p.startswith(r + "/") for r in roots)
 
 
+def _access(user: str | None) -> tuple[int, set[int]] | None:
+    """The uid and groups whose permission bits apply to the unit's user on
+    this host; (-1, {}) for a DynamicUser= (a fresh uid that owns nothing:
+    only the bits for others apply) or a user this host does not know."""
+    import grp
+    import pwd
+
+    if user is None:
+        return -1, set()
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        return -1, set()
+    gids = set(os.getgrouplist(user, pw.pw_gid))
+    gids |= {g.gr_gid for g in grp.getgrall() if user in g.gr_mem}
+    return pw.pw_uid, gids
+
+
+def _may(st: os.stat_result, who: tuple[int, set[int]], need: int) -> bool:
+    """Whether ``who`` has every bit of ``need`` (4 read, 2 write, 1 run or
+    pass) on a file with ``st``'s owner, group and mode.  ACLs are not read."""
+    uid, gids = who
+    if st.st_uid == uid:
+        bits = st.st_mode >> 6
+    elif st.st_gid in gids:
+        bits = st.st_mode >> 3
+    else:
+        bits = st.st_mode
+    return bits & need == need
+
+
+def _blocker(path: str, who: tuple[int, set[int]], *, run: bool) -> str | None:
+    """What stops ``who`` on the way to ``path`` on this host: the first
+    folder it may not pass, or the file it may not read (or run); None when
+    it gets through.  The path as written and the path its links resolve to
+    are both walked (the kernel walks both)."""
+    import posixpath
+    import stat
+
+    real = os.path.realpath(path)
+    for route in dict.fromkeys((posixpath.normpath(path), real)):
+        parts = route.split("/")[1:]
+        for i in range(len(parts) - 1):
+            folder = "/" + "/".join(parts[:i + 1])
+            st = os.stat(folder)
+            if not _may(st, who, 1):
+                return f"{folder} is mode {stat.S_IMODE(st.st_mode):04o}, owned by uid {st.st_uid}"
+    st = os.stat(real)
+    need = 5 if stat.S_ISDIR(st.st_mode) else (5 if run else 4)
+    if not _may(st, who, need):
+        return f"{real} is mode {stat.S_IMODE(st.st_mode):04o}, owned by uid {st.st_uid}"
+    if stat.S_ISDIR(st.st_mode):
+        # a model folder's files (weights saved with umask 077 are 0600);
+        # one level: the files an engine opens by name
+        with os.scandir(real) as it:
+            for n, entry in enumerate(it):
+                if n >= 256:
+                    break
+                if entry.is_file() and not _may(entry.stat(), who, 4):
+                    mode = stat.S_IMODE(entry.stat().st_mode)
+                    return f"{entry.path} is mode {mode:04o}, owned by uid {entry.stat().st_uid}"
+    return None
+
+
 def check_paths(profile: Profile, user: str | None, allow_tmp: bool) -> None:
     """Refuse a unit that would not find its own files under its sandbox."""
     places = [("ExecStart", w) for w in profile.argv] + [
         (f"Environment {k}", v) for k, v in sorted(profile.env.items())]
-    for where, word in places:
+    who = None if user == "root" else _access(user)
+    for n, (where, word) in enumerate(places):
         for path in _paths(word):
-            if not allow_tmp and _under(path, _PRIVATE_TMP):
+            real = os.path.realpath(path)
+            if not allow_tmp and (_under(path, _PRIVATE_TMP) or _under(real, _PRIVATE_TMP)):
+                shown = path if _under(path, _PRIVATE_TMP) else f"{path} (a link to {real})"
                 raise InputError(
-                    f"{where}: {path} is under /tmp or /var/tmp, which PrivateTmp=yes "
+                    f"{where}: {shown} is under /tmp or /var/tmp, which PrivateTmp=yes "
                     "hides from the service",
                     hint="move it (a venv under /opt, a model under /srv or /var/lib), "
                          "re-run qtune search, or give --allow-tmp to drop PrivateTmp=")
-            if user != "root" and _under(path, ("/root",)):
+            if who is None:
+                continue
+            runs_as = f"the unit runs as {user or 'a dynamic user'}"
+            if os.path.exists(path):
+                blocked = _blocker(path, who, run=n == 0)
+                if blocked:
+                    shown = path if real == os.path.normpath(path) else f"{path} (a link to {real})"
+                    raise InputError(
+                        f"{where}: {shown} is out of reach ({runs_as}): {blocked}",
+                        hint="give --user an account that can read it (--user root runs "
+                             "the server as root), or put it where every user can read "
+                             "it (a venv under /opt, a model under /srv or /var/lib)")
+            elif _under(path, ("/root",)):
                 raise InputError(
-                    f"{where}: {path} is under /root, which only root can read "
-                    f"(the unit runs as {user or 'a dynamic user'})",
+                    f"{where}: {path} is under /root, which only root can read ({runs_as})",
                     hint="move it out of /root (a model under /srv or /var/lib), "
                          "or give --user root to run the server as root")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -61,19 +62,27 @@ def engine_profile(name: str, tmp_path: Path) -> Profile:
 
 
 @pytest.mark.parametrize("name", sorted(ENGINES))
-def test_the_unit_reads_back_and_systemd_accepts_it(name, tmp_path):
-    p = engine_profile(name, tmp_path)
-    # tmp_path is under /tmp, which PrivateTmp= would hide: opted out
-    text = emit(p, "systemd", allow_tmp=True)
-    check_systemd(p, text, allow_tmp=True)
-    if shutil.which("systemd-analyze") is None:
-        pytest.skip("systemd-analyze not installed (.ci/run installs it)")
-    unit = tmp_path / "qtune-test.service"
-    unit.write_text(text)
-    r = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no",
-                        str(unit)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert "qtune-test.service" not in r.stderr, r.stderr
+def test_the_unit_reads_back_and_systemd_accepts_it(name, tmp_path, monkeypatch):
+    # The model, tokenizer and program in a folder the unit's DynamicUser= can
+    # reach (tmp_path lies under /tmp/pytest-of-root, mode 0700, which the
+    # emitter refuses); under /var/tmp, which PrivateTmp= would hide: opted out
+    base = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="qtune-test-"))
+    try:
+        base.chmod(0o755)
+        monkeypatch.setenv("QTUNE_CACHE", str(base / "cache"))  # the generated tokenizer
+        p = engine_profile(name, base)
+        text = emit(p, "systemd", allow_tmp=True)
+        check_systemd(p, text, allow_tmp=True)
+        if shutil.which("systemd-analyze") is None:
+            pytest.skip("systemd-analyze not installed (.ci/run installs it)")
+        unit = tmp_path / "qtune-test.service"
+        unit.write_text(text)
+        r = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no",
+                            str(unit)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "qtune-test.service" not in r.stderr, r.stderr
+    finally:
+        shutil.rmtree(base)
 
 
 @pytest.mark.parametrize("name", sorted(ENGINES))

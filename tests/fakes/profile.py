@@ -9,14 +9,19 @@ from qtune.profile import Profile
 
 
 def _visible_python() -> str:
-    """A Python for argv[0] that a sandboxed unit can see: this one, unless
-    the checkout lies under /tmp (hidden by PrivateTmp=) or /root (closed to
-    a DynamicUser=), where `qtune emit --format systemd` refuses it; then the
+    """A Python for argv[0] that a sandboxed unit can run: this one, unless
+    it lies under /tmp (hidden by PrivateTmp=) or a DynamicUser= could not
+    reach it (a venv's python links to an interpreter under /root, mode 0700,
+    on this VM), where `qtune emit --format systemd` refuses it; then the
     interpreter it links to, or the system's.  systemd-analyze verify checks
     that the file exists."""
-    hidden = ("/tmp/", "/var/tmp/", "/root/")
+    from qtune.emit.systemd import _blocker
+
     for exe in (sys.executable, os.path.realpath(sys.executable), "/usr/bin/python3"):
-        if not exe.startswith(hidden) and os.path.isfile(exe):
+        real = os.path.realpath(exe)
+        if (os.path.isfile(exe) and not real.startswith(("/tmp/", "/var/tmp/"))
+                and not exe.startswith(("/tmp/", "/var/tmp/"))
+                and _blocker(exe, (-1, set()), run=True) is None):
             return exe
     return sys.executable
 
