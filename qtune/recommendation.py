@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import shlex
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import optuna
 
-from qtune.errors import InputError
+from qtune.emit.systemd import flags_needed
+from qtune.errors import InputError, QtuneError
 from qtune.objectives import Objective, get_objective, parse_slo
+from qtune.profile import Profile
 from qtune.quality import Quality
 from qtune.search.gain import (
     ObjectivePair,
@@ -28,7 +32,7 @@ from qtune.search.gain import (
     one_run_a_side,
     overlap_why,
 )
-from qtune.search.records import StudyAttr, TrialRecord, maximizes, ran_trials
+from qtune.search.records import LAUNCHED, StudyAttr, TrialRecord, maximizes, ran_trials
 from qtune.search.result import baseline_for, winner
 
 
@@ -68,6 +72,7 @@ class Recommendation:
     # to its limit first (what stopped a capacity there).
     slo: list[str] = dataclasses.field(default_factory=list)
     slo_basis: str = ""  # which run the SLO line reads
+    rivals: int = 0  # other configs launched beside the winner
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -269,7 +274,18 @@ def _emit_command(study: optuna.Study) -> str:
     path = study.user_attrs.get(StudyAttr.PROFILE)
     if not isinstance(path, str) or not path:
         path = f"profiles/{study.study_name}.yaml"
-    return f"qtune emit {shlex.quote(path)} --format systemd"
+    command = f"qtune emit {shlex.quote(path)} --format systemd"
+    # The flags this host's paths need, with why as a shell comment, so that
+    # the line runs as pasted (the quick start's bare command was refused:
+    # its clone under /tmp, its venv's python linking under /root).
+    if os.path.isfile(path):
+        try:
+            flags, why = flags_needed(Profile.load(Path(path)))
+        except QtuneError:
+            return command
+        if flags:
+            return f"{command} {' '.join(flags)}  # on this host: {'; '.join(why)}"
+    return command
 
 
 def recommend(study: optuna.Study) -> Recommendation:
@@ -335,7 +351,15 @@ def recommend(study: optuna.Study) -> Recommendation:
     # One sentence: the config's flags, the confirmation's why, the
     # quality and the deploy command have their own lines.
     confirmed = "confirmed on fresh starts" if why is None else "NOT confirmed"
-    if kept:
+    # A study that launched nothing but the defaults (a time budget that
+    # kept the rest for the confirmation: GPU run 21) compared nothing; its
+    # report said "no config beat them".
+    rivals = sum(1 for t in trials if t.number != best.number and t.status in LAUNCHED)
+    if kept and not rivals:
+        head = (f"keep the engine defaults: no other config was measured, so nothing "
+                f"was compared ({_value(w, unit)} on {figure.metric}; {confirmed}); "
+                "give the search more --trials or --time-budget")
+    elif kept:
         head = (f"keep the engine defaults: no config beat them "
                 f"({_value(w, unit)} on {figure.metric}; {confirmed})")
     else:
@@ -345,7 +369,7 @@ def recommend(study: optuna.Study) -> Recommendation:
     return Recommendation(study.study_name, objective, best.number, kept, flags,
                           dict(best.params), figure, measured_on, quality,
                           _emit_command(study), head,
-                          slo_headroom(best.summary), slo_basis)
+                          slo_headroom(best.summary), slo_basis, rivals)
 
 
 def _value(v: Any, unit: str) -> str:

@@ -235,7 +235,8 @@ def recommendation_html(rec: Recommendation) -> str:
         return ('<section class="answer"><h2>Recommendation</h2>'
                 f"<p>{html.escape(rec.headline)}</p></section>")
     if rec.kept_defaults:
-        items.append("<li><b>Config</b>: the engine defaults (no config beat them)</li>")
+        why = "no config beat them" if rec.rivals else "no other config was measured"
+        items.append(f"<li><b>Config</b>: the engine defaults ({why})</li>")
     else:
         flags = " ".join(rec.flags) or ", ".join(f"{k}={v}" for k, v in rec.params.items())
         items.append(f"<li><b>Config</b> (trial {rec.trial}): <code>{html.escape(flags)}"

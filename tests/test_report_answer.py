@@ -430,3 +430,35 @@ def test_one_fresh_run_a_side_is_judged_on_every_start():
     rec = recommend(study_of([1700.0, 1750.0], [2100.0, 2164.7]))
     assert rec.figure is not None and rec.figure.confirmed, rec.figure.why_not_confirmed
     assert rec.figure.interval is None and "too few for an interval" in rec.figure.basis
+
+
+@pytest.mark.parametrize("rival", [None, TrialStatus.OK, TrialStatus.PRUNED,
+                                   TrialStatus.INVALID])
+def test_defaults_alone_are_not_said_to_have_beaten_anything(tmp_path, monkeypatch, rival):
+    """GPU run 21: a time budget kept the rest for the confirmation and the
+    study launched only the defaults; its report said "no config beat them".
+    A refused (invalid) config was never measured either."""
+    monkeypatch.chdir(tmp_path)
+    study = optuna.create_study(study_name="d", storage=open_storage(
+        f"journal://{tmp_path / 'studies' / 'd.log'}"))
+    summary = {"e2e_ms": {"p99": 5.0}, "failed": 0, "request_throughput": 1.0}
+    for n, status in enumerate([TrialStatus.OK, *([rival] if rival else [])]):
+        t = study.ask()
+        write_record(t, TrialRecord(t.number, {"x": n}, status, baseline=n == 0,
+                                    summary=summary if n == 0 or status == TrialStatus.OK
+                                    else None))
+        t.set_constraint("failed_requests", 0.0)
+        if n == 0 or status == TrialStatus.OK:
+            study.tell(t, 5.0 if n == 0 else 9.0)
+        elif status == TrialStatus.PRUNED:
+            study.tell(t, state=optuna.trial.TrialState.PRUNED)
+        else:
+            study.tell(t, state=optuna.trial.TrialState.FAIL)
+    res = report("d", None, html_path=tmp_path / "d.html")
+    rec = res["recommendation"]
+    compared = rival in (TrialStatus.OK, TrialStatus.PRUNED)
+    assert rec["kept_defaults"] and rec["rivals"] == int(compared)
+    assert ("no config beat them" in rec["headline"]) == compared
+    assert ("no other config was measured" in rec["headline"]) != compared
+    page = (tmp_path / "d.html").read_text()
+    assert ("no other config was measured" in page) != compared

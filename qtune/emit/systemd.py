@@ -211,6 +211,30 @@ def check_paths(profile: Profile, user: str | None, allow_tmp: bool) -> None:
                          "or give --user root to run the server as root")
 
 
+def flags_needed(profile: Profile) -> tuple[list[str], list[str]]:
+    """The fewest of ``--allow-tmp`` and ``--user <this user>`` with which
+    ``qtune emit --format systemd`` writes this profile's unit on this host,
+    and why each is needed: the report's deploy line is a command that runs
+    as pasted (the quick start's clone lies under /tmp and its venv's python
+    links under /root, so the bare command was refused)."""
+    import getpass
+
+    me = getpass.getuser()
+    tries: list[tuple[str | None, bool]] = [(None, False), (None, True), (me, False), (me, True)]
+    for user, tmp in tries:
+        try:
+            check_paths(profile, user, tmp)
+        except InputError:
+            continue
+        why = []
+        if tmp:
+            why.append("--allow-tmp: a path lies under /tmp, which PrivateTmp= hides")
+        if user:
+            why.append(f"--user {me}: a path is out of a dynamic user's reach")
+        return [*(["--user", me] if user else []), *(["--allow-tmp"] if tmp else [])], why
+    return [], []
+
+
 def render(profile: Profile, user: str | None = None, allow_tmp: bool = False) -> str:
     """The unit.  ``user``: the account it runs as (``DynamicUser=yes``
     when None); ``allow_tmp``: drop ``PrivateTmp=`` instead of refusing a

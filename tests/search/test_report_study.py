@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import sys
 
 import pytest
@@ -89,5 +90,14 @@ def test_report_names_the_profile_the_search_wrote_with_out(fake, monkeypatch, t
                                    confirm=Confirmation(top=0, repeats=0)))
     assert res.profile_path == out.absolute() and out.is_file()
     rec = report("fake", None)["recommendation"]
-    assert rec["emit_command"] == f"qtune emit {shlex.quote(str(out.absolute()))} --format systemd"
-    assert shlex.split(rec["emit_command"])[2] == str(out.absolute())
+    cmd = rec["emit_command"]
+    assert cmd.startswith(f"qtune emit {shlex.quote(str(out.absolute()))} --format systemd")
+    words = shlex.split(cmd, comments=True)
+    assert words[2] == str(out.absolute())
+    # it runs as pasted: with the flags this host's paths need (tmp_path is
+    # under /tmp; the fake's python may link under /root), said in a comment
+    r = subprocess.run([sys.executable, "-m", "qtune", *words[1:], "-o",
+                        str(tmp_path / "u.service")], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert ("--allow-tmp" in words) == ("--allow-tmp: a path lies under /tmp" in cmd)

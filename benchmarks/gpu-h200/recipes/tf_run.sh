@@ -10,8 +10,8 @@
 #   tf_run.sh start      a venv over the image's torch and Transformers with the set's wheels
 #                        (FastAPI, uvicorn, Optuna, ...) and .qwheels (carried), then in the
 #                        background: qtune probe, then `qtune search --engine transformers`
-#                        on smollm2-135m (two launches at most, no confirmation, 3 minutes),
-#                        then wait
+#                        on smollm2-135m (two launches at most, no confirmation, 3 minutes;
+#                        TF_ARGS replaces the load and search flags), then wait
 #   tf_run.sh both       on a machine where a vLLM recipe's start (holdcheck_run.sh,
 #                        trialcost_run.sh) installed /tmp/venv-vllm, which holds Transformers
 #                        too: in the background `qtune search --engine vllm,transformers` on
@@ -50,12 +50,12 @@ start)
   PYTHONPATH=/tmp/qrepo:/tmp/tfm $venv/bin/python -m qtune probe > $Q/probe.txt 2>&1; echo "probe rc=$?"
   grep -i "engines" $Q/probe.txt
   nvidia-smi -L
-  cat > $Q/chain.sh <<'EOC'
+  echo "TF_ARGS='${TF_ARGS:---rate 8 --requests 160 --warmup 16 --trials 2 --confirm-top 0 --time-budget 3}'" > $Q/chain.sh
+  cat >> $Q/chain.sh <<'EOC'
 cd /tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-tf/bin/python
 s=$(date +%s)
 PYTHONPATH=/tmp/qrepo:/tmp/tfm $PY -m qtune search --engine transformers --model smollm2-135m \
-  --input-len 512 --output-len 128 --rate 8 --requests 160 --warmup 16 --seed 7 \
-  --trials 2 --confirm-top 0 --time-budget 3 --storage journal:///tmp/qt/tf.log --study h200-tf \
+  --input-len 512 --output-len 128 $TF_ARGS --seed 7 --storage journal:///tmp/qt/tf.log --study h200-tf \
   --out $Q/h200-tf.yaml --json > $Q/tf.json 2> $Q/tf.err
 echo "transformers search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
 PYTHONPATH=/tmp/qrepo $PY -m qtune report h200-tf --storage journal:///tmp/qt/tf.log \
