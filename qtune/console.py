@@ -823,4 +823,6 @@ def render_recommendation(rec: dict[str, Any]) -> None:
     if rec.get("emit_command"):
         # One line, never wrapped: it is pasted whole.
         out.print(Text("  deploy:    " + rec["emit_command"]), soft_wrap=True)
+        if rec.get("emit_why"):
+            out.print(Text("             " + rec["emit_why"]), soft_wrap=True)
     out.print()

@@ -32,7 +32,13 @@ from qtune.search.gain import (
     one_run_a_side,
     overlap_why,
 )
-from qtune.search.records import LAUNCHED, StudyAttr, TrialRecord, maximizes, ran_trials
+from qtune.search.records import (
+    StudyAttr,
+    TrialRecord,
+    TrialStatus,
+    maximizes,
+    ran_trials,
+)
 from qtune.search.result import baseline_for, winner
 
 
@@ -72,7 +78,8 @@ class Recommendation:
     # to its limit first (what stopped a capacity there).
     slo: list[str] = dataclasses.field(default_factory=list)
     slo_basis: str = ""  # which run the SLO line reads
-    rivals: int = 0  # other configs launched beside the winner
+    rivals: int = 0  # other configs measured beside the winner
+    emit_why: str | None = None  # why the deploy command carries its flags
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -267,7 +274,9 @@ def _not_confirmed_why(study: optuna.Study, best: TrialRecord, baseline: TrialRe
     return None
 
 
-def _emit_command(study: optuna.Study) -> str:
+def _emit_command(study: optuna.Study) -> tuple[str, str | None]:
+    """The command that deploys the winner, and why it carries the flags it
+    does (None when it needs none)."""
     # The search writes profiles/<study>.yaml unless --out named another path,
     # which it records (a transformers study on the GPU, run 20, wrote --out
     # /tmp/qt/h200-tf.yaml and its report said profiles/h200-tf.yaml).
@@ -275,17 +284,18 @@ def _emit_command(study: optuna.Study) -> str:
     if not isinstance(path, str) or not path:
         path = f"profiles/{study.study_name}.yaml"
     command = f"qtune emit {shlex.quote(path)} --format systemd"
-    # The flags this host's paths need, with why as a shell comment, so that
-    # the line runs as pasted (the quick start's bare command was refused:
-    # its clone under /tmp, its venv's python linking under /root).
+    # The flags this host's paths need, so that the line runs as pasted (the
+    # quick start's bare command was refused: its clone under /tmp, its
+    # venv's python linking under /root); why on a line of its own.
     if os.path.isfile(path):
         try:
             flags, why = flags_needed(Profile.load(Path(path)))
         except QtuneError:
-            return command
+            return command, None
         if flags:
-            return f"{command} {' '.join(flags)}  # on this host: {'; '.join(why)}"
-    return command
+            return (f"{command} {' '.join(shlex.quote(f) for f in flags)}",
+                    "on this host: " + "; ".join(why))
+    return command, None
 
 
 def recommend(study: optuna.Study) -> Recommendation:
@@ -354,7 +364,9 @@ def recommend(study: optuna.Study) -> Recommendation:
     # A study that launched nothing but the defaults (a time budget that
     # kept the rest for the confirmation: GPU run 21) compared nothing; its
     # report said "no config beat them".
-    rivals = sum(1 for t in trials if t.number != best.number and t.status in LAUNCHED)
+    rivals = sum(1 for t in trials if t.number != best.number and (
+        t.status in (TrialStatus.OK, TrialStatus.LOAD_FAILED, TrialStatus.PRUNED)
+        or (t.status == TrialStatus.UNKNOWN and t.value is not None)))
     if kept and not rivals:
         head = (f"keep the engine defaults: no other config was measured, so nothing "
                 f"was compared ({_value(w, unit)} on {figure.metric}; {confirmed}); "
@@ -366,10 +378,11 @@ def recommend(study: optuna.Study) -> Recommendation:
         gain = f"{ratio:.2f}x" if ratio is not None else "an unmeasured gain"
         head = (f"run trial {best.number}: {_value(w, unit)} on {figure.metric} against "
                 f"the engine defaults' {_value(b, unit)}, {gain}; {confirmed}")
+    command, command_why = _emit_command(study)
     return Recommendation(study.study_name, objective, best.number, kept, flags,
                           dict(best.params), figure, measured_on, quality,
-                          _emit_command(study), head,
-                          slo_headroom(best.summary), slo_basis, rivals)
+                          command, head, slo_headroom(best.summary), slo_basis, rivals,
+                          command_why)
 
 
 def _value(v: Any, unit: str) -> str:

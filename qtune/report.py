@@ -270,7 +270,8 @@ def recommendation_html(rec: Recommendation) -> str:
         items.append(f"<li><b>Ran</b>: {html.escape(on['ran'])}</li>")
     items.append(f"<li><b>Answer quality</b>: {html.escape(rec.quality)}</li>")
     if rec.emit_command:
-        items.append(f"<li><b>Deploy</b>: <code>{html.escape(rec.emit_command)}</code></li>")
+        why = f" ({html.escape(rec.emit_why)})" if rec.emit_why else ""
+        items.append(f"<li><b>Deploy</b>: <code>{html.escape(rec.emit_command)}</code>{why}</li>")
     return (f'<section class="answer"><h2>Recommendation</h2>'
             f"<p>{html.escape(rec.headline)}</p><ul>{''.join(items)}</ul></section>")
 

@@ -18,7 +18,7 @@ import pytest
 
 from qtune.profile import Profile
 from tests.test_e2e_realmodel import HAVE_REAL
-from tests.test_e2e_vllm import MARK, qtune
+from tests.test_e2e_vllm import MARK, qtune, vllm_servers
 
 HAVE_SERVE = all(importlib.util.find_spec(m) is not None
                  for m in ("transformers", "fastapi", "uvicorn", "openai"))
@@ -114,6 +114,6 @@ def test_a_study_that_chooses_between_vllm_and_transformers(tmp_path: Path) -> N
     module = argv[argv.index("-m") + 1]
     assert module.split(".")[0] == best["engine"], argv
     deadline = time.monotonic() + 20
-    while servers() and time.monotonic() < deadline:
+    while (servers() or vllm_servers()) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert servers() == []
+    assert servers() == [] and vllm_servers() == []

@@ -148,32 +148,66 @@ def _blocker(path: str, who: tuple[int, set[int]], *, run: bool) -> str | None:
     """What stops ``who`` on the way to ``path`` on this host: the first
     folder it may not pass, or the file it may not read (or run); None when
     it gets through.  The path as written and the path its links resolve to
-    are both walked (the kernel walks both)."""
-    import posixpath
+    are both walked (the kernel walks both).  What this process cannot look
+    at itself (an emitter that is not root) is not judged."""
+    try:
+        return _walk(path, who, run=run)
+    except OSError:
+        return None
+
+
+def _walk(path: str, who: tuple[int, set[int]], *, run: bool) -> str | None:
+    """The kernel's walk, one name at a time: every folder looked up in must
+    let ``who`` pass, and a link's target is walked from where it points
+    (a chain of links through a closed folder is caught at the hop inside
+    it; ``..`` is looked up in the folder it leaves)."""
     import stat
 
-    real = os.path.realpath(path)
-    for route in dict.fromkeys((posixpath.normpath(path), real)):
-        parts = route.split("/")[1:]
-        for i in range(len(parts) - 1):
-            folder = "/" + "/".join(parts[:i + 1])
-            st = os.stat(folder)
-            if not _may(st, who, 1):
-                return f"{folder} is mode {stat.S_IMODE(st.st_mode):04o}, owned by uid {st.st_uid}"
-    st = os.stat(real)
-    need = 5 if stat.S_ISDIR(st.st_mode) else (5 if run else 4)
+    def closed(folder: str, st: os.stat_result) -> str:
+        return f"{folder} is mode {stat.S_IMODE(st.st_mode):04o}, owned by uid {st.st_uid}"
+
+    todo = [c for c in path.split("/") if c not in ("", ".")]
+    here, hops = "/", 0
+    while todo:
+        name = todo.pop(0)
+        st = os.stat(here)
+        if not _may(st, who, 1):
+            return closed(here, st)
+        if name == "..":
+            here = os.path.dirname(here)
+            continue
+        step = os.path.join(here, name)
+        if stat.S_ISLNK(os.lstat(step).st_mode):
+            hops += 1
+            if hops > 40:  # the kernel's own limit (ELOOP)
+                return f"{path}: more than 40 links on the way"
+            target = os.readlink(step)
+            todo = [c for c in target.split("/") if c not in ("", ".")] + todo
+            if target.startswith("/"):
+                here = "/"
+            continue
+        here = step
+    st = os.stat(here)
+    if stat.S_ISDIR(st.st_mode):
+        need = 5
+    elif run:
+        # a binary runs with the execute bit alone; a script is read by its
+        # interpreter too
+        with open(here, "rb") as f:
+            need = 1 if f.read(4) == b"\x7fELF" else 5
+    else:
+        need = 4
     if not _may(st, who, need):
-        return f"{real} is mode {stat.S_IMODE(st.st_mode):04o}, owned by uid {st.st_uid}"
+        return closed(here, st)
     if stat.S_ISDIR(st.st_mode):
         # a model folder's files (weights saved with umask 077 are 0600);
         # one level: the files an engine opens by name
-        with os.scandir(real) as it:
+        with os.scandir(here) as it:
             for n, entry in enumerate(it):
                 if n >= 256:
                     break
                 if entry.is_file() and not _may(entry.stat(), who, 4):
-                    mode = stat.S_IMODE(entry.stat().st_mode)
-                    return f"{entry.path} is mode {mode:04o}, owned by uid {entry.stat().st_uid}"
+                    return closed(entry.path, entry.stat())
     return None
 
 
@@ -216,11 +250,19 @@ def flags_needed(profile: Profile) -> tuple[list[str], list[str]]:
     ``qtune emit --format systemd`` writes this profile's unit on this host,
     and why each is needed: the report's deploy line is a command that runs
     as pasted (the quick start's clone lies under /tmp and its venv's python
-    links under /root, so the bare command was refused)."""
-    import getpass
+    links under /root, so the bare command was refused).  ``--user`` is
+    offered only for an account emit accepts."""
+    import pwd
 
-    me = getpass.getuser()
-    tries: list[tuple[str | None, bool]] = [(None, False), (None, True), (me, False), (me, True)]
+    try:
+        me: str | None = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # a uid with no account (a container's)
+        me = None
+    if me is not None and (not _USER.fullmatch(me) or me == "nobody"):
+        me = None
+    tries: list[tuple[str | None, bool]] = [(None, False), (None, True)]
+    if me is not None:
+        tries += [(me, False), (me, True)]
     for user, tmp in tries:
         try:
             check_paths(profile, user, tmp)
@@ -230,8 +272,8 @@ def flags_needed(profile: Profile) -> tuple[list[str], list[str]]:
         if tmp:
             why.append("--allow-tmp: a path lies under /tmp, which PrivateTmp= hides")
         if user:
-            why.append(f"--user {me}: a path is out of a dynamic user's reach")
-        return [*(["--user", me] if user else []), *(["--allow-tmp"] if tmp else [])], why
+            why.append(f"--user {user}: a path is out of a dynamic user's reach")
+        return [*(["--user", user] if user else []), *(["--allow-tmp"] if tmp else [])], why
     return [], []
 
 

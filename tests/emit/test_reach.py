@@ -2,8 +2,11 @@
 from the permission bits (qtune.emit.systemd._blocker); here the answer is
 checked against the kernel's own: a process of that user (setpriv) trying
 the same path, on generated folder trees with generated owners, groups,
-modes and links.  The case that showed the class: a venv's bin/python in a
-readable folder, linking to an interpreter under /root (0700)."""
+modes and links (one hop, two hops through a folder of its own mode, "..").
+The case that showed the class: a venv's bin/python in a readable folder,
+linking to an interpreter under /root (0700).  The generated programs are
+scripts (read and run); an ELF binary needs only the execute bit, checked
+below on the system's python."""
 
 from __future__ import annotations
 
@@ -53,14 +56,17 @@ def trees(draw):
     files = [(draw(FILE_MODES), draw(IDS), draw(IDS))
              for _ in range(draw(st.integers(0 if end_is_dir else 1, 2)))]
     end_mode = draw(MODES) if end_is_dir else None
-    return folders, end_is_dir, end_mode, files, draw(st.booleans()), draw(st.booleans())
+    # how the path reaches the end: as written, through a link, through a
+    # link to a link that lies in a folder of its own mode, or through ".."
+    via = draw(st.sampled_from(["direct", "link", "two-hop", "dotdot"]))
+    return (folders, end_is_dir, end_mode, files, via, draw(MODES), draw(st.booleans()))
 
 
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tree=trees())
 def test_the_emitters_verdict_is_the_kernels(tree):
-    folders, end_is_dir, end_mode, files, linked, run = tree
+    folders, end_is_dir, end_mode, files, via, hop_mode, run = tree
     base = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="qtune-reach-"))
     try:
         base.chmod(0o755)
@@ -93,13 +99,22 @@ def test_the_emitters_verdict_is_the_kernels(tree):
         for d, (mode, uid, gid) in zip(chain, folders, strict=True):
             os.chown(d, uid, gid)
             d.chmod(mode)
-        path = target
-        if linked:
-            path = base / "link"
-            path.symlink_to(target)
-        ours = _blocker(str(path), (NOBODY, {NOBODY}), run=run) is None
-        assert ours == kernel_says(str(path), run=run and not end_is_dir), (
-            tree, _blocker(str(path), (NOBODY, {NOBODY}), run=run))
+        path = str(target)
+        if via == "link":
+            path = str(base / "link")
+            os.symlink(target, path)
+        elif via == "two-hop":
+            hop = base / "hop"
+            hop.mkdir()
+            (hop / "link2").symlink_to(target)
+            hop.chmod(hop_mode)
+            path = str(base / "link")
+            os.symlink("hop/link2", path)  # relative, then absolute
+        elif via == "dotdot":
+            path = str(chain[0] / ".." / target.relative_to(base))
+        ours = _blocker(path, (NOBODY, {NOBODY}), run=run) is None
+        assert ours == kernel_says(path, run=run and not end_is_dir), (
+            tree, _blocker(path, (NOBODY, {NOBODY}), run=run))
     finally:
         for d in [base, *base.rglob("*")]:
             if d.is_dir() and not d.is_symlink():
@@ -107,7 +122,7 @@ def test_the_emitters_verdict_is_the_kernels(tree):
         shutil.rmtree(base)
 
 
-def test_a_venv_python_linking_under_a_closed_folder_is_out_of_reach(tmp_path):
+def test_a_venv_python_linking_under_a_closed_folder_is_out_of_reach():
     """The case the real systemd showed (203/EXEC): the link lies in an open
     folder, the interpreter under a closed one."""
     base = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="qtune-reach-"))
@@ -127,5 +142,28 @@ def test_a_venv_python_linking_under_a_closed_folder_is_out_of_reach(tmp_path):
         assert not kernel_says(str(venv / "python"), run=True)
         closed.chmod(0o755)
         assert _blocker(str(venv / "python"), (-1, set()), run=True) is None
+    finally:
+        shutil.rmtree(base)
+
+
+def test_a_binary_runs_with_the_execute_bit_alone():
+    base = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="qtune-reach-"))
+    try:
+        base.chmod(0o755)
+        exe = base / "python3"
+        shutil.copy(os.path.realpath("/usr/bin/python3"), exe)
+        exe.chmod(0o711)
+        assert _blocker(str(exe), (-1, set()), run=True) is None
+        # through a shell of that user: setpriv's own exec still ran a
+        # program behind a closed folder here (its credentials at exec)
+        def runs() -> bool:
+            r = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+                                "--clear-groups", "sh", "-c", '"$0" -c "print(1)"', str(exe)],
+                               capture_output=True, text=True)
+            return r.stdout.strip() == "1"
+        assert runs()
+        exe.chmod(0o744)  # readable, not runnable by others
+        assert "0744" in (_blocker(str(exe), (-1, set()), run=True) or "")
+        assert not runs()
     finally:
         shutil.rmtree(base)

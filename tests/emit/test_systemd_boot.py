@@ -56,21 +56,42 @@ class Container:
                 *[f"--bind-ro={b}" for b in binds]]
         self.proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self._wait_up()
+        except BaseException:
+            self._kill()
+            raise
+
+    def _wait_up(self) -> None:
         deadline = time.monotonic() + 60
         self.pid1 = None
         while time.monotonic() < deadline and self.pid1 is None:
-            kids = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
-                                  text=True).stdout.split()
-            self.pid1 = int(kids[0]) if kids else None
+            # the container's PID 1: nspawn's child that is PID 1 in its own
+            # namespace (not a short-lived helper)
+            for kid in subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
+                                      text=True).stdout.split():
+                status = Path(f"/proc/{kid}/status").read_text() if Path(
+                    f"/proc/{kid}").exists() else ""
+                nspid = [ln.split()[-1] for ln in status.splitlines() if ln.startswith("NSpid:")]
+                if nspid == ["1"]:
+                    self.pid1 = int(kid)
             time.sleep(0.5)
-        assert self.pid1, log.read_text()[-2000:]
+        assert self.pid1, self.log.read_text()[-2000:]
+        state = ""
         while time.monotonic() < deadline:
             state = self.run("systemctl", "is-system-running", check=False).stdout.strip()
             if state in ("running", "degraded"):
                 return
             time.sleep(1)
         raise AssertionError(f"the container's systemd did not come up: {state}\n"
-                             + log.read_text()[-2000:])
+                             + self.log.read_text()[-2000:])
+
+    def _kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
 
     def run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         r = subprocess.run(["nsenter", "-t", str(self.pid1), "-a", *cmd],
@@ -84,8 +105,7 @@ class Container:
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait(10)
+            self._kill()
 
 
 @pytest.fixture(scope="module")

@@ -92,12 +92,19 @@ def test_report_names_the_profile_the_search_wrote_with_out(fake, monkeypatch, t
     rec = report("fake", None)["recommendation"]
     cmd = rec["emit_command"]
     assert cmd.startswith(f"qtune emit {shlex.quote(str(out.absolute()))} --format systemd")
-    words = shlex.split(cmd, comments=True)
+    words = shlex.split(cmd)
     assert words[2] == str(out.absolute())
-    # it runs as pasted: with the flags this host's paths need (tmp_path is
-    # under /tmp; the fake's python may link under /root), said in a comment
+    # it runs as pasted: with the flags this host's paths need (here the
+    # fake's python links under /root: --user), why on a line of its own
     r = subprocess.run([sys.executable, "-m", "qtune", *words[1:], "-o",
                         str(tmp_path / "u.service")], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
-    assert ("--allow-tmp" in words) == ("--allow-tmp: a path lies under /tmp" in cmd)
+    flags = words[5:]
+    for flag in ("--allow-tmp", "--user"):
+        assert (flag in flags) == (flag in (rec["emit_why"] or "")), (flags, rec["emit_why"])
+    # and the bare command is refused exactly when flags were added
+    bare = subprocess.run([sys.executable, "-m", "qtune", *words[1:5], "-o",
+                           str(tmp_path / "v.service")], capture_output=True, text=True,
+                          timeout=60)
+    assert (bare.returncode != 0) == bool(flags), bare.stderr
