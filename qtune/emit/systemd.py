@@ -113,7 +113,7 @@ def _under(path: str, roots: tuple[str, ...]) -> bool:
     return any(p == r or p.startswith(r + "/") for r in roots)
 
 
-def _access(user: str | None) -> tuple[int, set[int]] | None:
+def _access(user: str | None) -> tuple[int, set[int]]:
     """The uid and groups whose permission bits apply to the unit's user on
     this host; (-1, {}) for a DynamicUser= (a fresh uid that owns nothing:
     only the bits for others apply) or a user this host does not know."""
@@ -147,9 +147,8 @@ def _may(st: os.stat_result, who: tuple[int, set[int]], need: int) -> bool:
 def _blocker(path: str, who: tuple[int, set[int]], *, run: bool) -> str | None:
     """What stops ``who`` on the way to ``path`` on this host: the first
     folder it may not pass, or the file it may not read (or run); None when
-    it gets through.  The path as written and the path its links resolve to
-    are both walked (the kernel walks both).  What this process cannot look
-    at itself (an emitter that is not root) is not judged."""
+    it gets through.  What this process cannot look at itself (an emitter
+    that is not root) is not judged."""
     try:
         return _walk(path, who, run=run)
     except OSError:

@@ -17,8 +17,10 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 _WS = " \t\n\r"
 
@@ -154,6 +156,17 @@ def env_dollars(word: str) -> str:
         out.append(word[i])
         i += 1
     return "".join(out)
+
+
+def assert_systemd_verifies(unit: Path, text: str | None = None) -> None:
+    """The real ``systemd-analyze verify`` accepts the unit file (written
+    first when ``text`` is given) and says nothing about it."""
+    if text is not None:
+        unit.write_text(text)
+    r = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no",
+                        str(unit)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert unit.name not in r.stderr, r.stderr
 
 
 def exec_start_argv(value: str) -> list[str]:

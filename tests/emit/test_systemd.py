@@ -1,13 +1,13 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import pytest
 
 from qtune.emit import emit
 from qtune.emit.systemd import env_assignment, exec_word, render
 from qtune.errors import InputError
+from tests.emit import readback as rb
 from tests.fakes.profile import sample_profile
 
 
@@ -78,12 +78,7 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
     p = sample_profile(argv=sample_profile().argv + [
         "--served-model-name", "a b", "-cc", '{"mode": 3, "x": "50%"}', "--x", "$y"],
         placement={"numa_node": 0, "cpus": "0-1", "why": "test"})
-    unit = tmp_path / "qtune-test.service"
-    unit.write_text(render(p))
-    r = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no",
-                        str(unit)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert "qtune-test.service" not in r.stderr, r.stderr
+    rb.assert_systemd_verifies(tmp_path / "qtune-test.service", render(p))
 
 
 EXAMPLES = sorted(p.with_suffix(".yaml") for p in (
@@ -179,8 +174,4 @@ def test_the_unit_carries_the_profiles_warnings():
 def test_systemd_analyze_accepts_the_sandboxed_gpu_unit(tmp_path, user):
     p = sample_profile(engine={"name": "vllm", "version": "0.26.0", "build": "cuda"},
                        model={"id": "m", "path": "/m", "load_format": "dummy"})
-    unit = tmp_path / "qtune-gpu.service"
-    unit.write_text(render(p, user=user))
-    r = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no",
-                        str(unit)], capture_output=True, text=True)
-    assert r.returncode == 0 and unit.name not in r.stderr, r.stderr
+    rb.assert_systemd_verifies(tmp_path / "qtune-gpu.service", render(p, user=user))

@@ -22,6 +22,7 @@ from qtune.errors import InputError
 from qtune.host.installed import EngineInstall
 from qtune.model import resolve_model
 from qtune.profile import Profile
+from tests.emit import readback as rb
 from tests.emit.test_properties import check_systemd
 from tests.engines.conftest import H200X2, replay_nvml
 from tests.fakes.model import make_model
@@ -75,12 +76,7 @@ def test_the_unit_reads_back_and_systemd_accepts_it(name, tmp_path, monkeypatch)
         check_systemd(p, text, allow_tmp=True)
         if shutil.which("systemd-analyze") is None:
             pytest.skip("systemd-analyze not installed (.ci/run installs it)")
-        unit = tmp_path / "qtune-test.service"
-        unit.write_text(text)
-        r = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no",
-                            str(unit)], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        assert "qtune-test.service" not in r.stderr, r.stderr
+        rb.assert_systemd_verifies(tmp_path / "qtune-test.service", text)
     finally:
         shutil.rmtree(base)
 
@@ -164,11 +160,7 @@ def test_the_h200_studies_profiles_emit_files_the_validators_accept(
     for kind, text in (("kubernetes", emit(p, "kubernetes")), ("compose", emit(p, "compose"))):
         assert image in text, kind
     if shutil.which("systemd-analyze"):
-        f = tmp_path / f"qtune-{folder}.service"
-        f.write_text(unit)
-        r = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no", str(f)],
-                           capture_output=True, text=True)
-        assert r.returncode == 0 and f.name not in r.stderr, r.stderr
+        rb.assert_systemd_verifies(tmp_path / f"qtune-{folder}.service", unit)
     if shutil.which("docker-compose"):
         f = tmp_path / "compose.yaml"
         f.write_text(emit(p, "compose"))
