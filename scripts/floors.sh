@@ -3,6 +3,7 @@
 # virtual environment of its own (.venv-floors) resolved with uv's lowest-direct strategy,
 # so that every direct dependency (Optuna, typer, pandas, ...) sits at its floor.  Called by
 # scripts/test.sh after the fast tier; needs the network (PyPI) the first time.
+# Usage: floors.sh --prepare | floors.sh [PYTEST_ARGS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/uv ] || .venv/bin/python -m pip install --disable-pip-version-check -q 'uv>=0.5'
@@ -14,6 +15,9 @@ fi
 # wheel folder that may hold other versions.
 .venv/bin/uv pip install -q --python .venv-floors/bin/python --resolution lowest-direct \
   -e '.[test,fleet]'
+# --prepare: only build the environment (scripts/test.sh does it in the background
+# while the lint, the type check and the fast tier run).
+[ "${1:-}" = --prepare ] && exit 0
 .venv-floors/bin/python - <<'EOF'
 import importlib.metadata as md
 from qtune.deps import declared

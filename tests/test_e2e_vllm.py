@@ -110,8 +110,11 @@ def test_search_profile_emit_and_resume(tmp_path):
 
     unit = tmp_path / "qtune-e2e.service"
     # The test's model cache is under /tmp (QTUNE_CACHE), which the unit's
-    # PrivateTmp= would hide: refused as it is, emitted with /tmp visible.
-    r = qtune("emit", res["profile"], "--format", "systemd", "-o", str(unit), cwd=tmp_path)
+    # PrivateTmp= would hide: refused as it is, emitted with /tmp visible.  As
+    # root, so that the reach check (which judges the venv's python and differs
+    # between a checkout under /tmp and one elsewhere) does not speak first.
+    r = qtune("emit", res["profile"], "--format", "systemd", "--user", "root",
+              "-o", str(unit), cwd=tmp_path)
     assert r.returncode == 1 and "PrivateTmp" in r.stderr and not unit.exists(), r.stderr
     r = qtune("emit", res["profile"], "--format", "systemd", "--user", "root", "--allow-tmp",
               "-o", str(unit), cwd=tmp_path)
