@@ -28,6 +28,9 @@ command -v chromium-headless-shell >/dev/null || APT+=(chromium-headless-shell)
 compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null || command -v pg_ctl >/dev/null ||
   APT+=(postgresql)
 LOGS=$(mktemp -d)
+# The background steps' logs, kept until the step that reads them; removed on
+# any exit (and by hand before the last step, which replaces this shell).
+trap 'rm -rf "$LOGS"' EXIT
 APT_PID=
 if [ ${#APT[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then
   { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${APT[@]}"; } \

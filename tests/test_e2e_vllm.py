@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from qtune.profile import Profile
+from tests.emit import readback as rb
 
 ROOT = Path(__file__).parent.parent
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -120,9 +121,7 @@ def test_search_profile_emit_and_resume(tmp_path):
               "-o", str(unit), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     if shutil.which("systemd-analyze"):
-        v = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no",
-                            str(unit)], capture_output=True, text=True)
-        assert v.returncode == 0 and unit.name not in v.stderr, v.stderr
+        rb.assert_systemd_verifies(unit)
 
     # A/B against the engine defaults with fresh starts.
     r = qtune("verify", res["profile"], "--repeat", "1", "--json", cwd=tmp_path)
