@@ -99,9 +99,13 @@ rm -rf "$LOGS"
 # The tests of fake engines, PostgreSQL and other processes (`pg`, `slow`) mostly
 # wait on timeouts, heartbeats and restarts: on the 2-core VM 11 min 31 s serial
 # used 3 min 39 s of CPU, and four workers took 3 min 49 s (two: 5 min 53 s).
-.venv/bin/python -m pytest -q -m "not fast and not e2e" -n 4 --durations=15 "$@" || {
-  echo "error: scripts/test.sh: the pg/slow tier failed (step: pytest -m 'not fast and not e2e')" >&2
+.venv/bin/python -m pytest -q -m "not fast and not e2e and not measures" -n 4 \
+    --durations=15 "$@" || {
+  echo "error: scripts/test.sh: the pg/slow tier failed" \
+    "(step: pytest -m 'not fast and not e2e and not measures')" >&2
   exit 1; }
-# Last, serially, the tests that start a real engine and measure it (`e2e`): two
-# at once would share the cores and each would measure the other.
-exec .venv/bin/python -m pytest -q -m e2e --durations=25 "$@"
+# Last, serially, the tests that start a real engine and measure it (`e2e`) and
+# those judged on a stand-in's measured latency (`measures`): two at once would
+# share the cores and each would measure the other (on four workers CI failed
+# two `measures` tests that pass alone).
+exec .venv/bin/python -m pytest -q -m "e2e or measures" --durations=25 "$@"

@@ -13,7 +13,7 @@ from tests.fakes.model import make_model
 from tests.fakes.nvml import NoNVML
 
 FIX = Path(__file__).parent / "fixtures"
-_HEAVY = ("e2e", "pg", "slow")
+_HEAVY = ("e2e", "pg", "slow", "measures")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -298,6 +298,7 @@ def server():
 
 
 @pytest.mark.slow
+@pytest.mark.measures  # a probe's abort depends on the stand-in's measured latency
 def test_find_capacity_brackets_the_queue_limit(server):
     cfg = BenchConfig(urls=[server], workload=Workload(
         input_len=8, output_len=2, rate=10, requests=60, warmup_requests=0,

@@ -26,7 +26,9 @@ from qtune.search.config import TuneConfig
 from tests.fakes.engine import FakeEngine
 
 ROOT = Path(__file__).parent.parent.parent
-pytestmark = pytest.mark.slow  # each study starts its fake servers and probes for seconds
+# Each study starts its fake servers and probes for seconds, and is judged on
+# their measured latency: serially (`measures`), not beside other tests.
+pytestmark = [pytest.mark.slow, pytest.mark.measures]
 
 
 class SlotsEngine(FakeEngine):
@@ -66,6 +68,12 @@ def slots(monkeypatch, cpu_host, tmp_path):
         study="cap", startup_timeout=60)
 
 
+def _log_tails(root: Path, pattern: str) -> dict[str, str]:
+    """The last lines of each matching server log: why a fresh start failed."""
+    return {p.name: "\n".join(p.read_text(errors="replace").splitlines()[-8:])
+            for p in sorted(root.rglob(pattern))}
+
+
 def _space(tmp_path: Path, slots: int) -> Path:
     p = tmp_path / "space.yaml"
     p.write_text(f"slots: [{slots}]\n")
@@ -90,7 +98,8 @@ def test_a_config_that_cannot_beat_the_defaults_costs_one_probe(slots, tmp_path)
     # once that vLLM's own client then failed)
     assert res.best.number == base.number and res.improvement == 1.0
     conf = res.profile.metrics["confirmation"]
-    assert list(conf) == [str(base.number)] and conf[str(base.number)]["runs"]
+    assert list(conf) == [str(base.number)] and conf[str(base.number)]["runs"], (
+        conf, _log_tails(tmp_path / "studies", "confirm-*.log"))
     assert res.pruning["below_incumbent"] == 1 and res.pruning["probes"] == len(cap["steps"]) + 1
 
 

@@ -145,6 +145,7 @@ def real_weights(monkeypatch):
                         lambda spec: dataclasses.replace(real(spec), has_weights=True))
 
 
+@pytest.mark.measures  # the A/B is judged on measured throughput
 def test_phase_keeps_a_clear_win_and_the_profile_says_so(fake, monkeypatch,  # noqa: F811
                                                         real_weights):
     monkeypatch.setitem(ENGINES, "fake", SpecEngine((1, 30)))
@@ -167,6 +168,7 @@ def test_phase_keeps_a_clear_win_and_the_profile_says_so(fake, monkeypatch,  # n
     assert sum(t.spec_of is not None for t in res2.trials) == 2
 
 
+@pytest.mark.measures  # the A/B is judged on measured throughput
 def test_phase_keeps_the_base_when_the_candidate_loses(fake, monkeypatch,  # noqa: F811
                                                        real_weights):
     # 14 ms a token against the base's 10: slower, but within the pruning
