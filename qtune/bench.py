@@ -27,7 +27,7 @@ from qtune import seeds
 from qtune.engines import any_engine_cache_reset_paths, any_engine_metric_names
 from qtune.errors import InputError, UnreachableError, mask_url, printable
 from qtune.launch import IGNORE_EOS, MetricNames
-from qtune.load import Watcher, run_load
+from qtune.load import LAG_NOTED_MS, Watcher, run_load
 from qtune.load.http import request_json
 from qtune.load.prompts import ServerTokenizer
 from qtune.load.workload import Workload
@@ -225,6 +225,7 @@ def measure(
     s["cache_reset"] = res.cache_reset
     if res.idle_wait_s:
         s["idle_wait_s"] = round(res.idle_wait_s, 3)
+    lag = res.client_lag
     s["held_peak"] = max((n for _, n in in_flight_at_sends(res.samples)), default=0)
     if cfg.slo:
         s["goodput"] = goodput(res.samples, res.duration, cfg.slo, s)
@@ -243,6 +244,10 @@ def measure(
         if fresh and hit is not None and hit > CONTAMINATED_HIT_RATE:
             s["contaminated"] = (f"prefix-cache hit rate {hit:.0%} on prompts the server "
                                  "had not been sent: the phase measured cached prefills")
+    if lag is not None:
+        s["client_lag_ms"] = lag
+        if lag["max"] > LAG_NOTED_MS:
+            s["client_lagged"] = client_lag_text(lag)
     if fresh and hit is None and not res.cache_reset:
         # Said, not assumed: the prompts are fresh, but nothing shows that
         # the phase did not reuse what an earlier one left in the cache.
@@ -253,6 +258,13 @@ def measure(
         s["cache_unchecked"] = (f"{why} and its cache was not emptied: fresh prompts, "
                                 "but no hit rate shows the phase measured no cached prefill")
     return s
+
+
+def client_lag_text(lag: Mapping[str, float]) -> str:
+    """What a late client loop means for the figures beside it."""
+    return (f"the measuring client's loop ran up to {lag['max']:,.0f} ms late "
+            f"({lag['late_s']:g} s in all), waiting for a core the server kept busy: "
+            "latencies read then are late by as much")
 
 
 def endpoint_header(cfg: BenchConfig) -> tuple[JSONObject, list[str]]:

@@ -111,7 +111,16 @@ class Probe:
             "window_s": k.get("window_s"), "served_share": k.get("served_share"),
             "held_growth": k.get("held_growth"),
             "prefix_cache_hit_rate": (s.get("server") or {}).get("prefix_cache_hit_rate"),
+            # how late the client's own loop ran (qtune.load.LoopLag)
+            "client_lag_max_ms": (s.get("client_lag_ms") or {}).get("max"),
         }
+        if s.get("failed"):
+            # What the failed requests said (the summary's first 80 characters
+            # of each error, counted): on the CPU target 16 of 77 probes were
+            # decided by connection errors the server never logged, which a
+            # verdict alone could not tell from an engine's failure.
+            out["failed"] = s["failed"]
+            out["errors"] = dict(s.get("errors") or {})
         if self.remeasure:
             out["remeasure"] = True
         if self.retried:

@@ -269,6 +269,8 @@ class SearchReporter:
             err.print(Text(f"    {extra}", style="dim"))
         if rec.status == "ok" and (over := (rec.summary or {}).get("overloaded")):
             err.print(Text(f"    {overload_text(over)}", style="yellow"))
+        if rec.status == "ok" and (lagged := (rec.summary or {}).get("client_lagged")):
+            err.print(Text(f"    {printable(lagged)}", style="yellow"))
         if rec.status == "ok" and (uneven := _uneven_replicas(
                 (rec.summary or {}).get("server"))):
             err.print(Text(f"    {uneven}", style="yellow"))
@@ -516,6 +518,8 @@ def _bench_warnings(res: dict[str, Any]) -> None:
                            style="bold red"))
         if r.get("overloaded"):
             out.print(Text(f"warning{at}: {overload_text(r['overloaded'])}", style="yellow"))
+        if r.get("client_lagged"):
+            out.print(Text(f"warning{at}: {printable(r['client_lagged'])}", style="yellow"))
         if ud := r.get("usage_distrusted"):
             out.print(Text(
                 f"warning{at}: the server's usage counts were not believed for "

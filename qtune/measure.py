@@ -43,7 +43,7 @@ _RUN_KEYS = ("completed", "failed", "truncated", "duration_s", "request_throughp
 # What qtune.bench.measure adds after the load's checks (optional ones last).
 _AFTER_CHECKS = ("cache_reset", "held_peak")
 _OPTIONAL = ("goodput", "keeps_up", "overloaded", "server", "contaminated",
-             "cache_unchecked", "capacity")
+             "cache_unchecked", "client_lag_ms", "client_lagged", "capacity")
 
 
 @dataclass
@@ -81,6 +81,10 @@ class Measurement:
     contaminated: str | None = None  # why the phase measured cached prefills
     # why nothing shows that the phase did not (no hit rate, no reset)
     cache_unchecked: str | None = None
+    # The client's own event loop's lateness in the measured phase (p99, max
+    # in ms, seconds spent late), and why it was said when it was large.
+    client_lag_ms: dict[str, float] | None = None
+    client_lagged: str | None = None
     capacity: dict[str, Any] | None = None  # --objective capacity's search
     # When and how long: beside the summary, not part of it.
     started: str | None = None  # ISO time of the measured phase's start

@@ -407,3 +407,21 @@ def test_a_monotone_search_has_no_noise_band_and_a_retried_soft_failure_is_no_fa
     cap, _ = run(lambda rate, n: "soft" if rate == 4 and n == 1 else rate <= 16)
     assert cap.found and cap.noise_band is None
     assert "noise_band" not in cap.to_dict() and "either way" not in cap.decided
+
+
+def test_a_probe_step_keeps_what_its_failed_requests_said():
+    """A probe decided by failed requests keeps their errors in its step
+    (a verdict alone cannot tell a dropped connection from an engine's
+    failure); a probe without failures has neither key."""
+    def holds(rate: float, n: int) -> bool:
+        return rate < 8
+
+    cap, _ = run(holds)
+    broken = {**_summary(False, Workload(rate=8, requests=10)), "failed": 2,
+              "errors": {"ServerDisconnectedError: Server disconnected": 2}}
+    from qtune.capacity_types import Probe
+
+    step = Probe(8.0, False, "2 failed requests", "hard", 10, 1.0, broken).to_dict()
+    assert step["failed"] == 2
+    assert step["errors"] == {"ServerDisconnectedError: Server disconnected": 2}
+    assert all("errors" not in st and "failed" not in st for st in cap.to_dict()["steps"])

@@ -12,6 +12,7 @@ measured window.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time
@@ -70,6 +71,8 @@ class LoadResult:
     # Usage not believed, prompt lengths not the ones asked for
     # (``client.sample_checks``); empty when all is well.
     checks: dict[str, Any] = field(default_factory=dict)
+    # The client's own event loop's lateness in the measured phase (LoopLag)
+    client_lag: dict[str, float] | None = None
     # Seconds waited, before the warm-up, for the server to finish what an
     # earlier phase left (``prometheus.wait_idle``; None: not known).
     idle_wait_s: float | None = None
@@ -277,14 +280,65 @@ async def run_load(
             watcher = MetricsWatcher(base_url, metric_names, gauge_interval)
             await watcher.start()
         source = await asyncio.to_thread(RequestSource, wl, tokenizer, wl.seed)
-        samples, duration, stopped = await _phase(
-            session, url, model, wl, source, wl.requests, wl.duration,
-            wl.seed, "measure", progress, max_inflight, watch, fields=request_fields,
-        )
+        lag = LoopLag()
+        async with lag:
+            samples, duration, stopped = await _phase(
+                session, url, model, wl, source, wl.requests, wl.duration,
+                wl.seed, "measure", progress, max_inflight, watch, fields=request_fields,
+            )
         server = await watcher.stop() if watcher else None
     return LoadResult(samples, duration, warm, stopped == "saturated", server, stopped,
                       warmup_s, cache_reset,
-                      checks=sample_checks(samples, wl.endpoint), idle_wait_s=idle_wait_s)
+                      checks=sample_checks(samples, wl.endpoint), idle_wait_s=idle_wait_s,
+                      client_lag=lag.summary())
+
+
+class LoopLag:
+    """How late the client's own event loop ran during the measured phase:
+    a timer of ``TICK_S`` that wakes late says every timestamp taken then
+    (first token, last token, the next send) was late by as much.  On the
+    2-core CPU target, with vLLM's CPU server beside it at the same priority,
+    the loop waited up to 2-5 s at a time for a core while using 7-14% of one
+    (benchmarks/results/client-lag-cpu-20261207): the thread was runnable,
+    not busy."""
+
+    TICK_S = 0.05
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(self.TICK_S)
+            self.lags.append(max(0.0, time.perf_counter() - t - self.TICK_S))
+
+    async def __aenter__(self) -> LoopLag:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    def summary(self) -> dict[str, float] | None:
+        """p99 and max lag in ms, and the seconds spent more than
+        ``LAG_NOTED_MS`` late; None when the phase was too short to tell."""
+        if not self.lags:
+            return None
+        ms = sorted(x * 1000 for x in self.lags)
+        return {"p99": round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 1),
+                "max": round(ms[-1], 1),
+                "late_s": round(sum(x for x in self.lags if x * 1000 > LAG_NOTED_MS), 2)}
+
+
+# A loop more than this late is said beside the figures (``bench.measure``):
+# a quarter second is beyond a healthy loop's jitter (≤ 9 ms measured on the
+# CPU target with the server niced) and large beside a TTFT limit.
+LAG_NOTED_MS = 250.0
 
 
 async def _reset_prefix_cache(session: aiohttp.ClientSession, base_url: str,

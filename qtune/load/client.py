@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 
+from qtune.errors import redact
 from qtune.launch import IGNORE_EOS
 from qtune.untrusted import loads
 
@@ -180,7 +181,7 @@ async def send(
                     # errors="replace": a proxy's binary page must not raise.
                     head = await resp.content.read(2048)
                     text = head.decode("utf-8", "replace")[:200].replace("\n", " ")
-                    s.error = f"HTTP {resp.status}: {text}"
+                    s.error = redact(f"HTTP {resp.status}: {text}")
                     return s
                 # aiohttp yields whole lines even when a TCP read split an event.
                 async for raw in resp.content:
@@ -201,7 +202,7 @@ async def send(
                         if "error" in event:
                             err = event["error"]
                             msg = err.get("message") if isinstance(err, dict) else err
-                            s.error = f"server error mid-stream: {msg}"
+                            s.error = redact(f"server error mid-stream: {msg}")
                             return s
                         choices = event.get("choices") or []
                         if not isinstance(choices, list):
@@ -237,7 +238,8 @@ async def send(
         # aiohttp 3.13 and ValueError("Chunk too big") before (3.9-3.12, the
         # floor's): the JSON of an event is judged inside the loop, so a
         # ValueError here is the stream's.
-        s.error = f"{type(exc).__name__}: {exc}"[:200]
+        # redact(): aiohttp names the URL, which may carry a password.
+        s.error = redact(f"{type(exc).__name__}: {exc}")[:200]
         return s
     if s.ttft is None:
         s.error = "no tokens received"

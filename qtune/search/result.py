@@ -281,6 +281,8 @@ def _trial_row(t: optuna.trial.FrozenTrial, retry: optuna.trial.FrozenTrial | No
     row["req_per_s"] = s.get("request_throughput")
     row["out_tok_per_s"] = s.get("output_token_throughput")
     row["failed"] = s.get("failed")
+    # how late the measuring client's own loop ran (qtune.load.LoopLag)
+    row["client_lag_max_ms"] = (s.get("client_lag_ms") or {}).get("max")
     spec = (s.get("server") or {}).get("spec_decode")
     if r.spec_of is not None or spec:  # the speculative phase (acceptance)
         row["spec_of"] = r.spec_of

@@ -463,3 +463,40 @@ def test_duration_phase_builds_its_prompts_before_it_starts(tmp_path):
     res = asyncio.run(main())
     assert len(res.samples) >= 5
     assert len(set(calls)) == 1  # no /tokenize between the first and last send
+
+
+# --- the client's own lateness ---------------------------------------------
+
+
+@dataclass
+class Blocking(Recorder):
+    """A server in the client's own process that holds the loop (as a core
+    taken by the server would) for ``block`` s on its ``at``-th request."""
+
+    block: float = 0.4
+    at: int = 3
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        if len(self.reqs) == self.at:
+            import time
+
+            time.sleep(self.block)  # the loop itself stops: every timer fires late
+        return await super().handler(request)
+
+
+def test_a_late_loop_is_measured_and_said():
+    """The client's loop held for 0.4 s in the measured phase: LoopLag sees
+    it, and ``bench.measure``'s text says what it does to the figures; a
+    loop that was never held reads far below the level that is said."""
+    from qtune.bench import client_lag_text
+    from qtune.load import LAG_NOTED_MS
+
+    res, _ = load(Blocking(), wl(concurrency=2, requests=8))
+    lag = res.client_lag
+    assert lag is not None and 0.3 * 1000 <= lag["max"] <= 2000, lag
+    assert lag["late_s"] >= 0.3
+    assert lag["max"] > LAG_NOTED_MS
+    text = client_lag_text(lag)
+    assert f"{lag['max']:,.0f} ms late" in text and "latencies read then" in text
+    res, _ = load(Recorder(), wl(concurrency=2, requests=40))  # ~0.3 s: a few ticks
+    assert res.client_lag is not None and res.client_lag["max"] < LAG_NOTED_MS
