@@ -129,7 +129,7 @@ class Probe:
             out["aborted"] = True
             out["saved_s"] = round(self.saved_s, 3)
         out.update({key: s[key] for key in ("length_mismatch", "prompt_length",
-                                            "usage_distrusted", "idle_wait_s")
+                                            "usage_distrusted", "idle_wait_s", "resent")
                     if s.get(key) is not None})
         out.update({m: metric_value(s, m) for m in KEY_METRICS})
         return out

@@ -518,6 +518,11 @@ def _bench_warnings(res: dict[str, Any]) -> None:
                            style="bold red"))
         if r.get("overloaded"):
             out.print(Text(f"warning{at}: {overload_text(r['overloaded'])}", style="yellow"))
+        if rs := r.get("resent"):
+            out.print(Text(
+                f"note{at}: {rs['requests']} requests sent again after their connection "
+                f"closed before any answer ({printable(redact(rs['example']))}): a "
+                "keep-alive connection the server had already closed", style="dim"))
         if r.get("client_lagged"):
             out.print(Text(f"warning{at}: {printable(r['client_lagged'])}", style="yellow"))
         if ud := r.get("usage_distrusted"):

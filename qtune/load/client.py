@@ -55,6 +55,8 @@ class RequestSample:
     # Why the server's usage was not believed (the counts above are then
     # the client's own: its prompt count, and text chunks for the output).
     usage_problem: str | None = None
+    # Why the first send failed before any answer, when it was sent again.
+    resent: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -144,45 +146,58 @@ def usage_problem(
     return None
 
 
-async def send(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: dict[str, Any],
-    *,
-    prompt_tokens: int,
-    timeout: float = 600.0,
-    stall_timeout: float = 60.0,
-    sample: RequestSample | None = None,
-) -> RequestSample:
-    """``sample``, when given, is filled in place, so a watcher can see a
-    request's progress (start, first token) while it is in flight.
+# A request that failed so before any byte of its answer may never have been
+# read by the server (a connection it had closed): sent once more (``send``).
+NEVER_READ = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+# What ends a request as failed: a timeout, a transport error, or a stream
+# aiohttp cannot read.  An SSE line over aiohttp's read limit (512 KiB by
+# default) raises LineTooLong (an HttpProcessingError, not a ClientError)
+# since aiohttp 3.13 and ValueError("Chunk too big") before (3.9-3.12, the
+# floor's): the JSON of an event is judged inside the loop, so a ValueError
+# here is the stream's.
+_FAILED = (TimeoutError, aiohttp.ClientError, HttpProcessingError, ValueError)
 
-    ``timeout`` bounds the whole request; ``stall_timeout`` the silence
-    between two reads of the body once it has started.  Before the first
-    byte only ``timeout`` applies: vLLM sends nothing until the first token,
-    which may follow a long queue and prefill."""
-    s = sample if sample is not None else RequestSample()
-    s.prompt_tokens = prompt_tokens
-    s.expected_output_tokens = body["max_tokens"]
-    chunks = 0
-    last = 0.0
-    usage_seen: dict[str, Any] | None = None
+
+@dataclass(slots=True)
+class _Stream:
+    """One attempt's progress through a streamed answer."""
+
+    answered: bool = False  # the response's headers arrived
+    stalled: bool = False  # the stall timer, not the total, ran out
+    chunks: int = 0
+    last: float = 0.0
+    usage: dict[str, Any] | None = None
+
+
+def _failure(exc: BaseException, state: _Stream, timeout: float, stall_timeout: float) -> str:
+    if isinstance(exc, TimeoutError):
+        return (f"stalled: no data for {stall_timeout:g} s" if state.stalled
+                else f"timeout: request over {timeout:g} s")
+    # redact(): aiohttp names the URL, which may carry a password.
+    return redact(f"{type(exc).__name__}: {exc}")[:200]
+
+
+async def _attempt(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                   s: RequestSample, state: _Stream, timeout: float,
+                   stall_timeout: float) -> None:
+    """Send ``body`` once and read its stream into ``s`` and ``state``; a
+    failed answer sets ``s.error``; a transport failure or timeout raises."""
     loop = asyncio.get_running_loop()
     stall = asyncio.timeout(None)
-    s.start = time.perf_counter()
     try:
         async with stall:
             async with session.post(
                 url, json=body, timeout=aiohttp.ClientTimeout(total=timeout),
                 allow_redirects=False,  # never re-send credentials elsewhere
             ) as resp:
+                state.answered = True
                 if resp.status != 200:
                     # The first 2 KB only (an error page may be huge);
                     # errors="replace": a proxy's binary page must not raise.
                     head = await resp.content.read(2048)
                     text = head.decode("utf-8", "replace")[:200].replace("\n", " ")
                     s.error = redact(f"HTTP {resp.status}: {text}")
-                    return s
+                    return
                 # aiohttp yields whole lines even when a TCP read split an event.
                 async for raw in resp.content:
                     # One timer, moved on each read: cheaper than a
@@ -203,7 +218,7 @@ async def send(
                             err = event["error"]
                             msg = err.get("message") if isinstance(err, dict) else err
                             s.error = redact(f"server error mid-stream: {msg}")
-                            return s
+                            return
                         choices = event.get("choices") or []
                         if not isinstance(choices, list):
                             raise TypeError("choices is not a list")
@@ -212,35 +227,75 @@ async def send(
                         if usage:
                             if not isinstance(usage, dict):
                                 raise TypeError("usage is not an object")
-                            usage_seen = usage  # running counts: keep the last
+                            state.usage = usage  # running counts: keep the last
                     except (ValueError, TypeError, AttributeError, KeyError, IndexError):
                         # Not JSON, or JSON of another shape ([...], null, a
                         # string, choices that are not objects): a failed
                         # request, never an exception out of send().
                         s.error = f"bad SSE payload: {data[:80]!r}"
-                        return s
+                        return
                     if has_text:
                         if s.ttft is None:
                             s.ttft = now - s.start
                         else:
-                            s.itl.append(now - last)
-                        last = now
-                        chunks += 1
+                            s.itl.append(now - state.last)
+                        state.last = now
+                        state.chunks += 1
     except TimeoutError:
-        if stall.expired():
-            s.error = f"stalled: no data for {stall_timeout:g} s"
-        else:
-            s.error = f"timeout: request over {timeout:g} s"
+        state.stalled = stall.expired()
+        raise
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    *,
+    prompt_tokens: int,
+    timeout: float = 600.0,
+    stall_timeout: float = 60.0,
+    sample: RequestSample | None = None,
+) -> RequestSample:
+    """``sample``, when given, is filled in place, so a watcher can see a
+    request's progress (start, first token) while it is in flight.
+
+    ``timeout`` bounds the whole request; ``stall_timeout`` the silence
+    between two reads of the body once it has started.  Before the first
+    byte only ``timeout`` applies: vLLM sends nothing until the first token,
+    which may follow a long queue and prefill."""
+    s = sample if sample is not None else RequestSample()
+    s.prompt_tokens = prompt_tokens
+    s.expected_output_tokens = body["max_tokens"]
+    s.start = time.perf_counter()
+    state = _Stream()
+    try:
+        await _attempt(session, url, body, s, state, timeout, stall_timeout)
+    except NEVER_READ as exc:
+        if state.answered:
+            s.error = redact(f"{type(exc).__name__}: {exc}")[:200]
+            return s
+        # No byte of an answer: the request went out on a connection the
+        # server had already closed (a keep-alive race: on the 2-core CPU
+        # target the client's loop ran up to 8 s late, so a connection it
+        # thought idle for 2 s the server had idled past its 5 s and closed;
+        # benchmarks/results/client-lag-cpu-20261207).  Sent once more, on
+        # a connection of its own; its wait counts in its latency, and the
+        # run says how many were sent again (sample_checks: "resent").
+        s.resent = redact(f"{type(exc).__name__}: {exc}")[:200]
+        state = _Stream()
+        try:
+            async with aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(force_close=True)) as fresh:
+                await _attempt(fresh, url, body, s, state, timeout, stall_timeout)
+        except _FAILED as exc2:
+            s.error = _failure(exc2, state, timeout, stall_timeout)
+            return s
+    except _FAILED as exc:
+        s.error = _failure(exc, state, timeout, stall_timeout)
         return s
-    except (aiohttp.ClientError, HttpProcessingError, ValueError) as exc:
-        # An SSE line over aiohttp's read limit (512 KiB by default) raises
-        # LineTooLong (an HttpProcessingError, not a ClientError) since
-        # aiohttp 3.13 and ValueError("Chunk too big") before (3.9-3.12, the
-        # floor's): the JSON of an event is judged inside the loop, so a
-        # ValueError here is the stream's.
-        # redact(): aiohttp names the URL, which may carry a password.
-        s.error = redact(f"{type(exc).__name__}: {exc}")[:200]
+    if s.error is not None:
         return s
+    chunks, last, usage_seen = state.chunks, state.last, state.usage
     if s.ttft is None:
         s.error = "no tokens received"
         return s
@@ -265,7 +320,8 @@ async def send(
 
 def sample_checks(samples: list[RequestSample], endpoint: str) -> dict[str, Any]:
     """What a run's summary must say about its own trustworthiness: usage
-    counts not believed, and prompt lengths that are not the ones asked for.
+    counts not believed, prompt lengths that are not the ones asked for, and
+    requests sent a second time (``resent``).
 
     ``prompt_length`` compares the server's ``usage.prompt_tokens`` with the
     requested lengths over the requests that have both; ``length_mismatch``
@@ -282,6 +338,9 @@ def sample_checks(samples: list[RequestSample], endpoint: str) -> dict[str, Any]
         first = next(s.usage_problem for s in ok if s.usage_problem)
         out["usage_distrusted"] = {"requests": sum(problems.values()),
                                    "by_field": problems, "example": first}
+    resent = [s.resent for s in samples if s.resent]
+    if resent:  # sent again after a failure before any answer (``send``)
+        out["resent"] = {"requests": len(resent), "example": resent[0]}
     pairs = [(s.requested_prompt_tokens, s.server_prompt_tokens) for s in ok
              if s.requested_prompt_tokens and s.server_prompt_tokens is not None]
     if pairs:

@@ -414,6 +414,55 @@ def test_stream_cut_mid_way_is_an_error():
     assert not s.ok and s.error
 
 
+def _dropping(first_n: int, calls: list[int]) -> Any:
+    """A handler that closes the connection, before any answer, on its first
+    ``first_n`` requests (a keep-alive connection the server had closed),
+    then streams one token."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        calls.append(1)
+        if len(calls) <= first_n:
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response()  # never reaches the client
+        resp = await open_stream(request)
+        await resp.write(text("a") + usage(1) + DONE)
+        return resp
+
+    return handler
+
+
+def test_a_request_dropped_before_any_answer_is_sent_once_more():
+    """Closed before a byte of answer: sent again on a connection of its own,
+    and the run's checks count it; dropped twice, it is a failed request."""
+    from qtune.load.client import sample_checks
+
+    calls: list[int] = []
+    s, _ = run_with(_dropping(1, calls))
+    assert s.ok and s.output_tokens == 1 and len(calls) == 2
+    assert s.resent is not None and "ServerDisconnected" in s.resent
+    checks = sample_checks([s, RequestSample()], "completions")
+    assert checks["resent"] == {"requests": 1, "example": s.resent}
+    calls = []
+    s, _ = run_with(_dropping(2, calls))
+    assert not s.ok and "ServerDisconnected" in (s.error or "") and len(calls) == 2
+
+
+def test_a_stream_cut_after_its_answer_began_is_not_sent_again():
+    calls: list[int] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        calls.append(1)
+        resp = await open_stream(request)
+        await resp.write(text("a"))
+        await asyncio.sleep(0.01)
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+    s, _ = run_with(handler)
+    assert not s.ok and s.resent is None and len(calls) == 1
+
+
 def test_timeout_is_a_sample():
     async def handler(request: web.Request) -> web.StreamResponse:
         resp = await open_stream(request)
