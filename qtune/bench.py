@@ -225,7 +225,6 @@ def measure(
     s["cache_reset"] = res.cache_reset
     if res.idle_wait_s:
         s["idle_wait_s"] = round(res.idle_wait_s, 3)
-    lag = res.client_lag
     s["held_peak"] = max((n for _, n in in_flight_at_sends(res.samples)), default=0)
     if cfg.slo:
         s["goodput"] = goodput(res.samples, res.duration, cfg.slo, s)
@@ -244,7 +243,7 @@ def measure(
         if fresh and hit is not None and hit > CONTAMINATED_HIT_RATE:
             s["contaminated"] = (f"prefix-cache hit rate {hit:.0%} on prompts the server "
                                  "had not been sent: the phase measured cached prefills")
-    if lag is not None:
+    if (lag := res.client_lag) is not None:
         s["client_lag_ms"] = lag
         if lag["max"] > LAG_NOTED_MS:
             s["client_lagged"] = client_lag_text(lag)

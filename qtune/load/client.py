@@ -272,7 +272,7 @@ async def send(
         await _attempt(session, url, body, s, state, timeout, stall_timeout)
     except NEVER_READ as exc:
         if state.answered:
-            s.error = redact(f"{type(exc).__name__}: {exc}")[:200]
+            s.error = _failure(exc, state, timeout, stall_timeout)
             return s
         # No byte of an answer: the request went out on a connection the
         # server had already closed (a keep-alive race: on the 2-core CPU
@@ -281,7 +281,7 @@ async def send(
         # benchmarks/results/client-lag-cpu-20261207).  Sent once more, on
         # a connection of its own; its wait counts in its latency, and the
         # run says how many were sent again (sample_checks: "resent").
-        s.resent = redact(f"{type(exc).__name__}: {exc}")[:200]
+        s.resent = _failure(exc, state, timeout, stall_timeout)
         state = _Stream()
         try:
             async with aiohttp.ClientSession(
