@@ -130,7 +130,17 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
                           "ci95": [lo, hi] if lo is not None else None}
         cap = (by_number[n].summary or {}).get("capacity") or {}
         if cap.get("bracket"):
-            result[str(n)].update(runs.view(n, cap["bracket"], fresh, float(first)))
+            view = runs.view(n, cap, fresh, float(first))
+            result[str(n)].update(view)
+            held = view["bracket"][0]
+            if held is not None and held < med:
+                # A fresh start failed below what the median says: the
+                # figure a profile plans with (and its alert and scaling
+                # rules read) is the load held below that failure.  On one
+                # H100 (benchmarks/gpu-h200/run22-trialcost) the defaults
+                # held 26.4 req/s in the search, then failed 26.4 and 24 on
+                # their fresh start; vLLM's own client broke TPOT at 26.4.
+                result[str(n)].update({"median": held, "ci95": None})
     study.set_user_attr(StudyAttr.CONFIRMATION, {**previous, **result})
 
 
@@ -164,22 +174,35 @@ class _CapacityRuns:
             self.held[r.number].append(float(cap["value"]) if cap.get("found") else None)
         return True
 
-    def view(self, n: int, search: list[float | None], fresh: list[float],
+    def view(self, n: int, cap: dict[str, Any], fresh: list[float],
              first: float) -> JSONObject:
         """A capacity is confirmed by holding it again on fresh starts; its
-        interval is the bracket [held, failed): the search's, narrowed by
-        what the fresh starts held and failed."""
-        return {"bracket": confirmed_bracket(search, fresh, self.failed_at[n]),
+        interval is the bracket [held, failed): the search's (``cap``, its
+        capacity record), narrowed by what the fresh starts held and failed."""
+        held_in_search = [float(st["load"]) for st in cap.get("steps") or [] if st.get("ok")]
+        return {"bracket": confirmed_bracket(cap["bracket"], fresh, self.failed_at[n],
+                                             held_in_search),
                 "runs": self.verdicts[n], "asked": self.asked[n], "held": self.held[n],
                 "load": max(self.asked[n]) if self.asked[n] else first}
 
 
 def confirmed_bracket(search: list[float | None], fresh: list[float],
-                      failed: list[float]) -> list[float | None]:
+                      failed: list[float],
+                      held_in_search: list[float] | tuple[float, ...] = ()
+                      ) -> list[float | None]:
     """[held, failed) after the confirmation: the lowest load held on a
     fresh start (else the search's), and the lowest load that failed above
-    it, on a fresh start or in the search."""
+    it, on a fresh start or in the search.  A fresh start that failed at or
+    below that load (one that held nothing) moves the bracket down: it
+    ends at the lowest such failure and starts at the highest load held
+    below it, in the search (``held_in_search``) or on a fresh start (None:
+    no load below it held)."""
     lo = min(fresh) if fresh else search[0]
+    below = [f for f in failed if lo is not None and f <= lo]
+    if below:
+        hi = min(below)
+        held = [h for h in [*held_in_search, *fresh] if h < hi]
+        return [max(held) if held else None, hi]
     above = [f for f in [search[1], *failed] if f is not None and (lo is None or f > lo)]
     return [lo, min(above) if above else None]
 

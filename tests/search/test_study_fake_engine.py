@@ -437,8 +437,15 @@ def test_run_13_a_winner_confirmed_one_rung_lower_is_compared_at_what_held():
                  "held": [25.0], "bracket": confirmed_bracket([20.0, 22.0], [25.0], [])}
     assert objective_pair(study, SimpleNamespace(number=1, value=27.5),
                           SimpleNamespace(number=0, value=20.0))["separated"] is False
-    # nothing held on the fresh start: the search's bracket, its failures above it
-    assert confirmed_bracket([27.5, 30.0], [], [27.5, 25.0]) == [27.5, 30.0]
+    # nothing held on the fresh start, which failed 27.5 and 25: the bracket
+    # ends at 25 and starts at the highest load held below it (run 22: the
+    # search's [26.4, 29.04) read [16, 24) once the fresh start failed 26.4
+    # and 24; vLLM's own client broke TPOT at 26.4)
+    assert confirmed_bracket([27.5, 30.0], [], [27.5, 25.0], [16.0, 24.0, 27.5]) == [24.0, 25.0]
+    assert confirmed_bracket([26.4, 29.04], [], [26.4, 24.0], [16.0, 24.0, 26.4]) == [16.0, 24.0]
+    assert confirmed_bracket([27.5, 30.0], [], [27.5]) == [None, 27.5]
+    # a failure above what held is no contradiction
+    assert confirmed_bracket([27.5, 30.0], [25.0], [27.5], [20.0, 27.5]) == [25.0, 27.5]
 
 
 class BigDefaultsEngine(FakeEngine):
@@ -540,3 +547,42 @@ def test_pick_needs_no_engine_installed_and_launches_nothing(fake, monkeypatch, 
     ran = list(picked.argv)
     ran[ran.index("--port") + 1] = "8000"
     assert profile.argv == ran
+
+
+def test_a_capacity_whose_fresh_start_held_nothing_is_planned_at_what_held_below(monkeypatch):
+    """Run 22 (one H100): the defaults held 26.4 req/s in the search (16,
+    24 and 26.4 held; 29.04 and 32 failed), then failed 26.4 and 24 on
+    their fresh start.  The profile's figure, which its alert and scaling
+    rules read, is 16 req/s, the highest load held below that failure, not
+    the search's 26.4; its bracket is [16, 24)."""
+    from types import SimpleNamespace
+
+    import optuna
+
+    from qtune.search import confirm
+
+    steps = [{"load": x, "ok": ok} for x, ok in
+             [(16.0, True), (32.0, False), (24.0, True), (26.4, True), (29.04, False)]]
+    summary = {"capacity": {"found": True, "value": 26.4, "bracket": [26.4, 29.04],
+                            "steps": steps}}
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(
+        value=26.4, user_attrs={"baseline": True, "status": "ok", "summary": summary}))
+    fresh_start = {"capacity": {"found": False, "reason": "26.4 and 24 did not hold",
+                                "steps": [{"load": 26.4, "ok": False},
+                                          {"load": 24.0, "ok": False}]}}
+
+    def remeasure(prep, top, repeats, reporter, *, on_run, **kw):
+        for r in top:
+            on_run(r, fresh_start)
+        return {r.number: [] for r in top}, {r.number: 1 for r in top}
+
+    monkeypatch.setattr(confirm, "remeasure", remeasure)
+    prep = SimpleNamespace(cfg=SimpleNamespace(objective="capacity",
+                                               confirm=SimpleNamespace(top=1, repeats=1)),
+                           engines={})
+    confirm.confirm_top(prep, study, reporter=None, k=1, repeats=1)
+    got = study.user_attrs["confirmation"]["0"]
+    assert got["bracket"] == [16.0, 24.0]
+    assert got["median"] == 16.0 and got["ci95"] is None
+    assert got["held"] == [None] and got["failures"] == 1
