@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import launch, table, wait_until_alone  # noqa: E402
+from _common import launch, set_server_nice, table, wait_until_alone  # noqa: E402
 
 from qtune.bench import BenchConfig  # noqa: E402
 from qtune.capacity import FAST, FULL, CapacityPlan, CapacityResult, find_capacity  # noqa: E402
@@ -54,11 +54,14 @@ def run(url: str, model: str, tok: str, a: argparse.Namespace, plan: CapacityPla
     cap: CapacityResult = find_capacity(url, model, cfg, plan=plan)
     wall = time.monotonic() - t0
     d = cap.to_dict()
+    lags = [float(st["client_lag_max_ms"]) for st in d.get("steps") or []
+            if st.get("client_lag_max_ms") is not None]
     print(f"    {plan.procedure}{' floor ' + format(plan.floor, 'g') if plan.floor else ''}: "
           f"{d.get('value', '-')} {d.get('bracket', '')} {d['probes']} probes "
           f"{wall:.0f} s (saved {d['saved_s']:.0f} s)"
           + (f" below {cap.below:g}" if cap.below is not None else "")
-          + (f"; verdicts went either way in {list(cap.noise_band)}" if cap.noise_band else ""),
+          + (f"; verdicts went either way in {list(cap.noise_band)}" if cap.noise_band else "")
+          + (f"; client loop late {max(lags):.0f} ms at most" if lags else ""),
           flush=True)
     return {"procedure": plan.procedure, "floor": plan.floor, "wall_s": wall, **d}
 
@@ -88,6 +91,10 @@ def main() -> int:
     ap.add_argument("--no-floor", action="store_true",
                     help="skip the fast run with config 0's capacity as floor "
                          "(saves its probes where device time is short)")
+    ap.add_argument("--server-nice", type=int, default=None,
+                    help="the server's autogroup nice (Linux): on a host where the "
+                         "server and this client share the cores, 10 keeps the "
+                         "client's loop on time (both procedures measure alike)")
     a = ap.parse_args()
     configs = json.loads(a.configs)
     wait_until_alone()
@@ -99,6 +106,9 @@ def main() -> int:
         server, spec, tok = launch(a.model, params, work)
         print(f"config {i} {params or 'engine defaults'}", flush=True)
         with server:
+            if a.server_nice is not None:
+                assert server.proc is not None
+                set_server_nice(server.proc.pid, a.server_nice)
             server.wait_ready(a.startup_timeout)
             order = (FULL, FAST) if i % 2 == 0 else (FAST, FULL)
             res = {p: run(spec.base_url, spec.served_model, tok, a,

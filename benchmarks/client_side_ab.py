@@ -37,7 +37,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from _common import launch, median, pct, table, wait_until_alone  # noqa: E402
+from _common import launch, median, pct, set_server_nice, table, wait_until_alone  # noqa: E402
 
 import qtune.load as load  # noqa: E402
 from qtune.engines.vllm import VLLM  # noqa: E402
@@ -82,13 +82,6 @@ class Trace:
         tc.on_request_end.append(end)
         tc.on_request_exception.append(exc)
         return tc
-
-
-def set_server_nice(pid: int, arm: str) -> None:
-    """The autogroup's nice of the server's session (Linux: CFS shares CPU
-    between autogroups first, so a process's own nice would not weigh
-    against the client's group)."""
-    Path(f"/proc/{pid}/autogroup").write_text(arm.rsplit(" ", 1)[1])
 
 
 def patch_client(arm: str, trace: Trace) -> None:
@@ -172,7 +165,7 @@ def main() -> int:
                     trace = Trace()
                     if a.compare == "nice":
                         assert server.proc is not None
-                        set_server_nice(server.proc.pid, arm)
+                        set_server_nice(server.proc.pid, int(arm.rsplit(" ", 1)[1]))
                     patch_client(arm if a.compare == "connection" else ARMS[0], trace)
                     wl = Workload(input_len=a.input_len, output_len=a.output_len, rate=rate,
                                   requests=int(rate * a.window), warmup_requests=a.warmup,

@@ -50,7 +50,7 @@ from qtune.engines.base import (  # to_flag: re-exported for tests
 )
 from qtune.engines.vllm_args import engine_args
 from qtune.errors import InputError
-from qtune.estimate import Estimate, GiB, estimate_cpu, estimate_gpu
+from qtune.estimate import Estimate, GiB, estimate_cpu, estimate_gpu, kv_bytes_per_token
 from qtune.host import NO_MULTICAST, Finding, HostFacts
 from qtune.host.installed import Detect, EngineInstall, Found, PythonFacts
 
@@ -730,6 +730,12 @@ class VLLM(Engine):
                     notes.append(f"{p.name} not tuned: the defaults used at most "
                                  f"{peak:.0%} of the KV cache, with no preemption")
                     continue
+            if p.name == "VLLM_CPU_KVCACHE_SPACE" and load.concurrency:
+                kv = _kv_space_for(load.concurrency, ctx, load, p)
+                if kv is not None:
+                    fixed[p.name], why = kv
+                    notes.append(why)
+                    continue
             if p.name == "enable_prefix_caching" and not load.shared_prefix:
                 notes.append("enable_prefix_caching not tuned: the prompts share no "
                              "prefix (engine default kept)")
@@ -1017,6 +1023,31 @@ def _check_cpu_binding(params: Mapping[str, Any], ctx: SpaceContext,
             >= cpubind.fewest_cores(nodes, usable, cores, ranks):
         out.append(f"VLLM_CPU_NUM_OF_RESERVED_CPU={reserved} leaves a rank no core")
     return out
+
+
+def _kv_space_for(streams: int, ctx: SpaceContext, load: LoadView,
+                  p: Param) -> tuple[int, str] | None:
+    """``VLLM_CPU_KVCACHE_SPACE`` (GiB) for a client that keeps at most
+    ``streams`` requests in flight: every one of them at the full context
+    fits in it, so a larger space changes nothing the load can see, and
+    costs its start: the CPU backend zeroes the whole space (the quick
+    start's engine init took 34 s at 9 GiB against 15 s at 4 GiB).  The
+    defaults' value when it holds them (the trials then differ from the
+    defaults only in what is tuned), else the smallest space that does;
+    None when not even the largest in the range holds them."""
+    per_token = kv_bytes_per_token(ctx.model.config)
+    if not per_token:
+        return None
+    need = streams * ctx.effective_max_model_len * per_token / GiB
+    what = (f"the client keeps at most {streams} requests in flight: "
+            f"{need:.2f} GiB of KV at {ctx.effective_max_model_len} tokens each")
+    base = load.baseline_params.get(p.name)
+    if base is not None and float(base) >= need:
+        return int(base), f"VLLM_CPU_KVCACHE_SPACE fixed at {base} GiB, the defaults' run: {what}"
+    least = max(int(p.low or 1), math.ceil(need))
+    if p.high is not None and least > p.high:
+        return None
+    return least, f"VLLM_CPU_KVCACHE_SPACE fixed at {least} GiB: {what}"
 
 
 def _in_flight(load: LoadView, base: Mapping[str, Any]) -> float | None:

@@ -132,7 +132,7 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
         if cap.get("bracket"):
             view = runs.view(n, cap, fresh, float(first))
             result[str(n)].update(view)
-            held = view["bracket"][0]
+            held = cast("list[float | None]", view["bracket"])[0]
             if held is not None and held < med:
                 # A fresh start failed below what the median says: the
                 # figure a profile plans with (and its alert and scaling

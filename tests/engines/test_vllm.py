@@ -411,6 +411,38 @@ def test_shape_without_metrics_and_at_fixed_concurrency(cpu_ctx):
     assert notes[0].startswith("max_num_seqs fixed at 4")
 
 
+
+def test_cpu_kv_space_is_fixed_where_the_client_cannot_fill_it(cpu_ctx):
+    """A client that keeps N requests in flight never needs more KV than N
+    full contexts: a larger VLLM_CPU_KVCACHE_SPACE only costs its start (the
+    quick start: engine init 34 s at 9 GiB, 15 s at 4 GiB)."""
+    import math
+
+    from qtune.engines.base import LoadView
+    from qtune.estimate import GiB, kv_bytes_per_token
+
+    cpu_ctx = dataclasses.replace(cpu_ctx, max_model_len=1024)
+    space = VLLM().space(cpu_ctx)
+    kv = next(p for p in space if p.name == "VLLM_CPU_KVCACHE_SPACE")
+    need = (4 * cpu_ctx.effective_max_model_len
+            * kv_bytes_per_token(cpu_ctx.model.config) / GiB)
+    assert need <= 4 <= kv.high  # 4 contexts of 1,024 tokens: below the defaults' 4 GiB
+    load = LoadView(rate=None, concurrency=4, shared_prefix=True,
+                    baseline_params={"VLLM_CPU_KVCACHE_SPACE": 4})
+    kept, fixed, notes = VLLM().shape(space, cpu_ctx, load)
+    assert fixed["VLLM_CPU_KVCACHE_SPACE"] == 4
+    assert "VLLM_CPU_KVCACHE_SPACE" not in {p.name for p in kept}
+    assert any(n.startswith("VLLM_CPU_KVCACHE_SPACE fixed at 4 GiB, the defaults' run: "
+                            "the client keeps at most 4 requests in flight") for n in notes)
+    # Defaults without an explicit space: the least that holds every stream.
+    kept, fixed, _ = VLLM().shape(space, cpu_ctx, dataclasses.replace(load, baseline_params={}))
+    assert fixed["VLLM_CPU_KVCACHE_SPACE"] == max(int(kv.low), math.ceil(need))
+    # Streams that no space in the range holds: the space stays tuned.
+    many = math.ceil((kv.high + 1) / need * 4)
+    kept, fixed, _ = VLLM().shape(space, cpu_ctx, dataclasses.replace(load, concurrency=many))
+    assert "VLLM_CPU_KVCACHE_SPACE" in {p.name for p in kept}
+    assert "VLLM_CPU_KVCACHE_SPACE" not in fixed
+
 def test_gpu_batched_tokens_are_powers_of_two(cpu_ctx):
     from qtune.search.space import tidy
 
