@@ -731,7 +731,7 @@ class VLLM(Engine):
                                  f"{peak:.0%} of the KV cache, with no preemption")
                     continue
             if p.name == "VLLM_CPU_KVCACHE_SPACE" and load.concurrency:
-                kv = _kv_space_for(load.concurrency, ctx, load, p)
+                kv = _kv_space_for(ctx, load, p)
                 if kv is not None:
                     fixed[p.name], why = kv
                     notes.append(why)
@@ -1025,10 +1025,9 @@ def _check_cpu_binding(params: Mapping[str, Any], ctx: SpaceContext,
     return out
 
 
-def _kv_space_for(streams: int, ctx: SpaceContext, load: LoadView,
-                  p: Param) -> tuple[int, str] | None:
+def _kv_space_for(ctx: SpaceContext, load: LoadView, p: Param) -> tuple[int, str] | None:
     """``VLLM_CPU_KVCACHE_SPACE`` (GiB) for a client that keeps at most
-    ``streams`` requests in flight: every one of them at the full context
+    ``load.concurrency`` requests in flight: every one of them at the full context
     fits in it, so a larger space changes nothing the load can see, and
     costs its start: the CPU backend zeroes the whole space (the quick
     start's engine init took 34 s at 9 GiB against 15 s at 4 GiB).  The
@@ -1036,7 +1035,8 @@ def _kv_space_for(streams: int, ctx: SpaceContext, load: LoadView,
     defaults only in what is tuned), else the smallest space that does;
     None when not even the largest in the range holds them."""
     per_token = kv_bytes_per_token(ctx.model.config)
-    if not per_token:
+    streams = load.concurrency
+    if not per_token or not streams:
         return None
     need = streams * ctx.effective_max_model_len * per_token / GiB
     what = (f"the client keeps at most {streams} requests in flight: "

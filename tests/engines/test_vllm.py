@@ -411,7 +411,6 @@ def test_shape_without_metrics_and_at_fixed_concurrency(cpu_ctx):
     assert notes[0].startswith("max_num_seqs fixed at 4")
 
 
-
 def test_cpu_kv_space_is_fixed_where_the_client_cannot_fill_it(cpu_ctx):
     """A client that keeps N requests in flight never needs more KV than N
     full contexts: a larger VLLM_CPU_KVCACHE_SPACE only costs its start (the
@@ -442,6 +441,7 @@ def test_cpu_kv_space_is_fixed_where_the_client_cannot_fill_it(cpu_ctx):
     kept, fixed, _ = VLLM().shape(space, cpu_ctx, dataclasses.replace(load, concurrency=many))
     assert "VLLM_CPU_KVCACHE_SPACE" in {p.name for p in kept}
     assert "VLLM_CPU_KVCACHE_SPACE" not in fixed
+
 
 def test_gpu_batched_tokens_are_powers_of_two(cpu_ctx):
     from qtune.search.space import tidy
