@@ -22,12 +22,13 @@ default:
    quarter near them); halve (or, after a clear overload, step to just under
    the rate the server did serve) while not;
 3. bisect until the bracket is within the tolerance (10% by default);
-4. re-measure only the answer, over twice the window with fresh prompts
-   (unless the study's confirmation will, on a fresh start:
-   ``CapacityPlan.remeasure``); a
+4. re-measure only the answer, over twice the window with fresh prompts; a
    failed re-measure falls back to the next lower load that held and
-   bisects again.  A *soft* failure (only a keeping-up signal) is measured
-   again before it decides anything.
+   bisects again.  When the study's confirmation re-measures on a fresh
+   start (``CapacityPlan.remeasure`` False), an answer that becomes the
+   next trials' floor is still probed once over twice the window and falls
+   back without bisecting (``_Search.check``).  A *soft* failure (only a
+   keeping-up signal) is measured again before it decides anything.
 
 The *full* procedure is the one before issue 27 (double from the start load,
 no floor, no early stop), kept to measure the fast one against
@@ -327,11 +328,47 @@ class _Search:
         if not plan.remeasure:
             if not self.narrow_enough(lo, hi) and self.out_of_time():
                 return self.timed_out(lo, hi)
-            return self.held_once(lo, hi, "not re-measured in the trial: the "
-                                  "confirmation measures it again on a fresh start")
+            return self.check(lo, hi)
         if self.out_of_time(scale=SUSTAINED_WINDOWS):
             return self.timed_out(lo, hi)
         return self.remeasure(lo, hi)
+
+    def check(self, lo: float, hi: float) -> CapacityResult:
+        """Without the in-trial re-measure (the confirmation re-measures on a
+        fresh start), an answer that would become the next trials' floor (the
+        first search's, or one above the floor) still gets one probe over
+        twice the window; when it fails, the answer is the highest load held
+        below it, once, and nothing is bisected again.  A floor that held one
+        window by luck cuts every later config at a load its own incumbent
+        cannot hold: on one H100 (run 22) the defaults held 26.4 req/s once,
+        all six later configs failed it in one probe each, and the defaults
+        then failed 26.4 and 24 on their fresh start, as vLLM's own client
+        failed 26.4 (TPOT p99 26.0 ms against 20).  An answer that only ties
+        the floor cannot win, so it is not checked."""
+        floor = self.plan.floor if self.fast else None
+        note = "not re-measured in the trial: the confirmation measures it again on a fresh start"
+        if (floor is not None and lo <= floor) or self.out_of_time(scale=SUSTAINED_WINDOWS):
+            return self.held_once(lo, hi, note)
+        if self.probe(lo, scale=SUSTAINED_WINDOWS):
+            last = self.b.probes[-1]
+            return self.result(found=True, value=lo, bracket=(lo, hi), at_value=last,
+                               decided=f"{lo:g} {self.unit} held once and over a re-measure "
+                               f"of {last.requests} requests (fresh prompts); {hi:g} did not",
+                               note="the confirmation measures it again on a fresh start")
+        why = self.b.probes[-1].why
+        below = self.b.held_below(lo)
+        of = f" ({self.plan.floor_of})" if self.plan.floor_of else ""
+        if floor is not None and (below is None or below < floor):
+            return self.result(
+                found=False, below=floor,
+                reason=f"held {lo:g} {self.unit} once but not on its re-measure: {why}; "
+                f"it cannot win against {floor:g}, the best so far{of}")
+        if below is None:
+            return self.result(found=False, bracket=(None, lo),
+                               reason=f"held {lo:g} {self.unit} once but not on its "
+                               f"re-measure ({why}), and no lower load was measured")
+        return self.held_once(below, lo, f"{lo:g} {self.unit} held once but not on its "
+                              f"re-measure ({why}); {note}")
 
     def remeasure(self, lo: float, hi: float) -> CapacityResult:
         """Re-measure the answer over twice the window, with fresh prompts: a

@@ -63,6 +63,8 @@ class CapacityPlan:
     # failure restarted the bisection: on one H200 the defaults' search took
     # 7 probes (274 s), 3 of them re-measures, where 4 bracketed the answer
     # to the tolerance.  A fresh start is the stronger check of a lucky pass.
+    # An answer that becomes the next trials' floor still gets one probe over
+    # twice the window, with no bisection after it (``_Search.check``).
     remeasure: bool = True
     # A confirmation's second rung: the load probed on the same fresh start
     # when ``floor`` does not hold (the next lower load the config held in
