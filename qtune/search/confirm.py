@@ -118,30 +118,36 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
     values, failures = remeasure(prep, top, repeats, reporter, phase="confirming",
                                  log_name="confirm", seed_phase=Phase.CONFIRM, on_run=seen,
                                  at=challenge)
-    result = {}
     by_number = {r.number: r for r in top}
-    for n, vals in values.items():
-        first = study.trials[n].value
-        assert first is not None  # top holds only trials with a value
-        fresh = [float(v) for v in vals]
-        med, lo, hi = bootstrap_median(judged_runs(float(first), fresh))
-        result[str(n)] = {"values": [first, *vals], "fresh": fresh, "median": med,
-                          "failures": failures[n],
-                          "ci95": [lo, hi] if lo is not None else None}
-        cap = (by_number[n].summary or {}).get("capacity") or {}
-        if cap.get("bracket"):
-            view = runs.view(n, cap, fresh, float(first))
-            result[str(n)].update(view)
-            held = cast("list[float | None]", view["bracket"])[0]
-            if held is not None and held < med:
-                # A fresh start failed below what the median says: the
-                # figure a profile plans with (and its alert and scaling
-                # rules read) is the load held below that failure.  On one
-                # H100 (benchmarks/gpu-h200/run22-trialcost) the defaults
-                # held 26.4 req/s in the search, then failed 26.4 and 24 on
-                # their fresh start; vLLM's own client broke TPOT at 26.4.
-                result[str(n)].update({"median": held, "ci95": None})
+    result = {str(n): _confirmed(by_number[n], study.trials[n].value, vals, failures[n], runs)
+              for n, vals in values.items()}
     study.set_user_attr(StudyAttr.CONFIRMATION, {**previous, **result})
+
+
+def _confirmed(r: TrialRecord, first: float | None, vals: list[float], failures: int,
+               runs: _CapacityRuns) -> JSONObject:
+    """One config's confirmation entry: its runs, the median of its fresh
+    runs with a bootstrap interval, and for a capacity the bracket its fresh
+    starts left (``_CapacityRuns.view``)."""
+    assert first is not None  # the confirmation re-measures only trials with a value
+    fresh = [float(v) for v in vals]
+    med, lo, hi = bootstrap_median(judged_runs(float(first), fresh))
+    out: JSONObject = {"values": [first, *vals], "fresh": fresh, "median": med,
+                       "failures": failures, "ci95": [lo, hi] if lo is not None else None}
+    cap = cast("JSONObject", (r.summary or {}).get("capacity") or {})
+    if cap.get("bracket"):
+        view = runs.view(r.number, cap, fresh, float(first))
+        out.update(view)
+        held = cast("list[float | None]", view["bracket"])[0]
+        if held is not None and held < med:
+            # A fresh start failed below what the median says: the figure a
+            # profile plans with (and its alert and scaling rules read) is the
+            # load held below that failure.  On one H100
+            # (benchmarks/gpu-h200/run22-trialcost) the defaults held 26.4
+            # req/s in the search, then failed 26.4 and 24 on their fresh
+            # start; vLLM's own client broke TPOT at 26.4.
+            out.update({"median": held, "ci95": None})
+    return out
 
 
 class _CapacityRuns:
@@ -174,13 +180,15 @@ class _CapacityRuns:
             self.held[r.number].append(float(cap["value"]) if cap.get("found") else None)
         return True
 
-    def view(self, n: int, cap: dict[str, Any], fresh: list[float],
+    def view(self, n: int, cap: JSONObject, fresh: list[float],
              first: float) -> JSONObject:
         """A capacity is confirmed by holding it again on fresh starts; its
         interval is the bracket [held, failed): the search's (``cap``, its
         capacity record), narrowed by what the fresh starts held and failed."""
-        held_in_search = [float(st["load"]) for st in cap.get("steps") or [] if st.get("ok")]
-        return {"bracket": confirmed_bracket(cap["bracket"], fresh, self.failed_at[n],
+        steps = cast("list[JSONObject]", cap.get("steps") or [])
+        held_in_search = [float(cast(float, st["load"])) for st in steps if st.get("ok")]
+        search = cast("list[float | None]", cap["bracket"])
+        return {"bracket": confirmed_bracket(search, fresh, self.failed_at[n],
                                              held_in_search),
                 "runs": self.verdicts[n], "asked": self.asked[n], "held": self.held[n],
                 "load": max(self.asked[n]) if self.asked[n] else first}
