@@ -279,14 +279,18 @@ async def run_load(
 
             watcher = MetricsWatcher(base_url, metric_names, gauge_interval)
             await watcher.start()
-        source = await asyncio.to_thread(RequestSource, wl, tokenizer, wl.seed)
-        lag = LoopLag()
-        async with lag:
-            samples, duration, stopped = await _phase(
-                session, url, model, wl, source, wl.requests, wl.duration,
-                wl.seed, "measure", progress, max_inflight, watch, fields=request_fields,
-            )
-        server = await watcher.stop() if watcher else None
+        try:
+            source = await asyncio.to_thread(RequestSource, wl, tokenizer, wl.seed)
+            lag = LoopLag()
+            async with lag:
+                samples, duration, stopped = await _phase(
+                    session, url, model, wl, source, wl.requests, wl.duration,
+                    wl.seed, "measure", progress, max_inflight, watch, fields=request_fields,
+                )
+            server = await watcher.stop() if watcher else None
+        finally:
+            if watcher is not None:
+                await watcher.close()  # a cancelled phase: see MetricsWatcher.close
     return LoadResult(samples, duration, warm, stopped == "saturated", server, stopped,
                       warmup_s, cache_reset,
                       checks=sample_checks(samples, wl.endpoint), idle_wait_s=idle_wait_s,

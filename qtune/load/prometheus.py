@@ -167,16 +167,29 @@ class MetricsWatcher:
     async def stop(self) -> dict[str, Any] | None:
         if self._session is None:
             return None
+        await self._end_loop()
+        await self.scrape(self._session, during=False)
+        await self.close()
+        return self.report()
+
+    async def _end_loop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             try:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        await self.scrape(self._session, during=False)
-        await self._session.close()
-        self._session = None
-        return self.report()
+            self._task = None
+
+    async def close(self) -> None:
+        """Stop scraping and close the connection without a last scrape:
+        what a measured phase that was cancelled (an interrupted study) does,
+        so no session is left for the garbage collector to warn about
+        ("Unclosed client session" after "interrupted: servers stopped")."""
+        await self._end_loop()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     def report(self) -> dict[str, Any] | None:
         if self.first is None or self.last is None:

@@ -206,7 +206,7 @@ def over_budget(cfg: TuneConfig, study: optuna.Study, started: float,
     left = cfg.time_budget - (time.monotonic() - started)
     if c.next_s + reserve.seconds <= left:
         return None
-    why = (f"time budget: {cfg.time_budget / 60:.0f} min, a trial takes "
+    why = (f"time budget: {cfg.time_budget / 60:.3g} min, a trial takes "
            f"~{c.next_s / 60:.1f} min" + (" (a start and one probe)" if c.capacity else ""))
     if reserve.seconds:
         why += f", and {reserve.seconds / 60:.1f} min are kept for the confirmation"

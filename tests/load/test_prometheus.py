@@ -190,3 +190,64 @@ def test_a_phase_waits_until_the_server_has_finished_what_an_earlier_one_left():
     # a metrics page without the gauges reads as idle
     idle = asyncio.run(go(["# TYPE other gauge\nother 1\n"]))
     assert idle is not None and idle < 1
+
+
+def test_a_cancelled_phase_leaves_no_session_open():
+    """An interrupted study cancels the measured phase: the watcher's scrape
+    loop ends and its connection is closed with it, where before aiohttp printed "Unclosed
+    client session" after "interrupted: servers stopped, study saved" (GPU
+    run 23)."""
+    import gc
+
+    from qtune.load import Workload, run_load
+    from tests.fakes.sse import DONE, open_stream
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        resp = await open_stream(request)
+        await asyncio.sleep(30)  # cancelled long before it answers
+        await resp.write(DONE)
+        return resp
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(text=metrics({"0": {"generation_tokens": 1}}))
+
+    async def main() -> list[str]:
+        seen: list[str] = []
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, ctx: seen.append(str(ctx.get("message"))))
+        app = web.Application()
+        app.router.add_get("/metrics", page)
+        app.router.add_post("/v1/completions", slow)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        try:
+            task = asyncio.create_task(run_load(
+                f"http://{host}:{port}", "m",
+                Workload(input_len=4, output_len=2, concurrency=1, requests=2,
+                         warmup_requests=0),
+                scrape_metrics=True, metric_names=NAMES, gauge_interval=0.05))
+            await asyncio.sleep(0.5)
+            task.cancel()
+            # (not pytest.raises: its traceback would keep the phase's frame,
+            # and the watcher in it, alive past the collection below)
+            cancelled = False
+            try:
+                await task
+            except asyncio.CancelledError:
+                cancelled = True
+            assert cancelled
+        finally:
+            await runner.cleanup()
+        await asyncio.sleep(0.2)
+        # the watcher's scrape loop ended with the phase (it held the session)
+        left = [name for t in asyncio.all_tasks()
+                if "MetricsWatcher" in (name := getattr(t.get_coro(), "__qualname__", ""))]
+        assert left == []
+        gc.collect()
+        await asyncio.sleep(0)
+        return seen
+
+    assert [m for m in asyncio.run(main()) if "Unclosed" in m] == []

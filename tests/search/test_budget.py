@@ -185,3 +185,12 @@ def test_a_tie_is_not_confirmed_and_the_defaults_alone_reserve_one_start():
     trying = confirmation_plan(prep, st, trying=True)
     assert trying.seconds == (2 * c.confirm_run_s + c.fallback_s) * trying.repeats
     assert trying.seconds > now.seconds and (trying.top, trying.repeats) == (now.top, now.repeats)
+
+
+def test_the_gate_says_the_budget_as_given():
+    """--time-budget 6.5 was said as "6 min" (GPU run 23)."""
+    st = _study([(498, 224, 60), (296, 98, 60)])
+    cfg = TuneConfig(time_budget=390)
+    reserve = plan_confirmation(cfg, st, "maximize", with_contenders(1))
+    why = over_budget(cfg, st, time.monotonic() - 380, reserve)
+    assert why is not None and why.startswith("time budget: 6.5 min,")
