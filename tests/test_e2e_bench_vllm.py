@@ -86,17 +86,20 @@ def test_dataset_and_chat(vllm_url, tmp_path):
 def test_find_capacity_remeasured(vllm_url):
     """The SLO leaves room at low loads: with 400 ms the first search on a
     fresh server failed 4 and 2 req/s (TTFT p99 414 ms; one slow request of
-    40 decides a p99) and held 1.8, a later one 4.25, and once in CI every
-    re-measure failed and nothing was found (2 cores, client and server)."""
+    40 decides a p99) and held 1.8, a later one 4.25, and twice in CI (the
+    last at 06df18b, TTFT p99 <= 1000 ms) every re-measure failed and nothing
+    was found (2 cores, client and server).  The test is of the procedure,
+    not of one request's luck: the SLO is on the median, which one slow
+    request cannot decide."""
     url, _ = vllm_url
-    d = bench(url, "--find-capacity", "--slo", "ttft_p99<=1000ms", "--rate", "4",
+    d = bench(url, "--find-capacity", "--slo", "ttft_p50<=500ms", "--rate", "4",
               "--capacity-tolerance", "0.25",
               "--requests", "40", "--warmup", "4", "--input-len", "128", "--capacity-window", "5",
               "--output-len", "16")
     cap = d["capacity"]
     assert cap["found"], cap
     assert cap["at_value"]["ok"] and cap["at_value"]["load"] == cap["value"]
-    assert cap["at_value"]["ttft_p99"] <= 1000
+    assert cap["at_value"]["ttft_p50"] <= 500
 
 
 def test_model_folder_without_tokenizer_flag_sends_exact_lengths(tmp_path):
