@@ -356,13 +356,9 @@ class _Search:
                                f"of {last.requests} requests (fresh prompts); {hi:g} did not",
                                note="the confirmation measures it again on a fresh start")
         why = self.b.probes[-1].why
+        # (with a floor, the floor held the first probe and lo is above it,
+        # so what held below lo is the floor at least: a tie at worst)
         below = self.b.held_below(lo)
-        of = f" ({self.plan.floor_of})" if self.plan.floor_of else ""
-        if floor is not None and (below is None or below < floor):
-            return self.result(
-                found=False, below=floor,
-                reason=f"held {lo:g} {self.unit} once but not on its re-measure: {why}; "
-                f"it cannot win against {floor:g}, the best so far{of}")
         if below is None:
             return self.result(found=False, bracket=(None, lo),
                                reason=f"held {lo:g} {self.unit} once but not on its "

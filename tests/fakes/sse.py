@@ -21,15 +21,19 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @asynccontextmanager
 async def serve(
-    handler: Handler, extra: dict[str, Handler] | None = None
+    handler: Handler, extra: dict[str, Handler] | None = None,
+    get: dict[str, Handler] | None = None,
 ) -> AsyncIterator[str]:
     """Serve ``handler`` on both OpenAI streaming paths (and ``extra`` POST
-    routes, e.g. ``/tokenize``); yield the base URL."""
+    routes, e.g. ``/tokenize``, and ``get`` GET routes, e.g. ``/metrics``);
+    yield the base URL."""
     app = web.Application()
     app.router.add_post("/v1/completions", handler)
     app.router.add_post("/v1/chat/completions", handler)
     for path, h in (extra or {}).items():
         app.router.add_post(path, h)
+    for path, h in (get or {}).items():
+        app.router.add_get(path, h)
     # Short shutdown: a handler left waiting must not hold the test up.
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
     await runner.setup()

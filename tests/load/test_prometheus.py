@@ -200,7 +200,7 @@ def test_a_cancelled_phase_leaves_no_session_open():
     import gc
 
     from qtune.load import Workload, run_load
-    from tests.fakes.sse import DONE, open_stream
+    from tests.fakes.sse import DONE, open_stream, serve
 
     async def slow(request: web.Request) -> web.StreamResponse:
         resp = await open_stream(request)
@@ -215,17 +215,9 @@ def test_a_cancelled_phase_leaves_no_session_open():
         seen: list[str] = []
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, ctx: seen.append(str(ctx.get("message"))))
-        app = web.Application()
-        app.router.add_get("/metrics", page)
-        app.router.add_post("/v1/completions", slow)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        try:
+        async with serve(slow, get={"/metrics": page}) as base:
             task = asyncio.create_task(run_load(
-                f"http://{host}:{port}", "m",
+                base, "m",
                 Workload(input_len=4, output_len=2, concurrency=1, requests=2,
                          warmup_requests=0),
                 scrape_metrics=True, metric_names=NAMES, gauge_interval=0.05))
@@ -239,8 +231,6 @@ def test_a_cancelled_phase_leaves_no_session_open():
             except asyncio.CancelledError:
                 cancelled = True
             assert cancelled
-        finally:
-            await runner.cleanup()
         await asyncio.sleep(0.2)
         # the watcher's scrape loop ended with the phase (it held the session)
         left = [name for t in asyncio.all_tasks()
