@@ -14,6 +14,11 @@ cache is emptied before each.
 Prints, per config: each procedure's capacity, bracket, probes and measuring
 time; whether the fast answer lies in the full bracket; the time ratio.
 
+``--control``: the full procedure runs again after the fast one (full, fast,
+full on each server), and the table says whether the second full answer
+lies in the first's bracket: how often the full procedure agrees with
+itself is the yardstick for how often the fast one can agree with it.
+
     python benchmarks/capacity_fast_vs_full.py \\
         --configs '[{}, {"max_num_seqs": 1, "VLLM_CPU_KVCACHE_SPACE": 4}]' \\
         --input-len 128 --output-len 128 --rate 2 --requests 20 --warmup 8 \\
@@ -91,6 +96,9 @@ def main() -> int:
     ap.add_argument("--no-floor", action="store_true",
                     help="skip the fast run with config 0's capacity as floor "
                          "(saves its probes where device time is short)")
+    ap.add_argument("--control", action="store_true",
+                    help="run the full procedure again after the fast one (full, fast, "
+                         "full): does the full procedure agree with itself?")
     ap.add_argument("--server-nice", type=int, default=None,
                     help="the server's autogroup nice (Linux): on a host where the "
                          "server and this client share the cores, 10 keeps the "
@@ -110,11 +118,14 @@ def main() -> int:
                 assert server.proc is not None
                 set_server_nice(server.proc.pid, a.server_nice)
             server.wait_ready(a.startup_timeout)
-            order = (FULL, FAST) if i % 2 == 0 else (FAST, FULL)
+            order = (FULL, FAST) if i % 2 == 0 or a.control else (FAST, FULL)
             res = {p: run(spec.base_url, spec.served_model, tok, a,
                           CapacityPlan(start=a.rate, tolerance=a.tolerance, procedure=p),
                           seed=1000 * i + k)
                    for k, p in enumerate(order)}
+            again = (run(spec.base_url, spec.served_model, tok, a,
+                         CapacityPlan(start=a.rate, tolerance=a.tolerance, procedure=FULL),
+                         seed=1000 * i + 5) if a.control else None)
             floored = None
             if incumbent is not None and not a.no_floor:
                 floored = run(spec.base_url, spec.served_model, tok, a,
@@ -124,7 +135,8 @@ def main() -> int:
         if i == 0 and res[FAST].get("found"):
             incumbent = float(res[FAST]["value"])
         full, fast = res[FULL], res[FAST]
-        out.append({"params": params, "full": full, "fast": fast, "floored": floored})
+        out.append({"params": params, "full": full, "fast": fast, "floored": floored,
+                    "full_again": again})
 
         def show(d: dict[str, Any]) -> str:
             if d.get("below") is not None:
@@ -138,13 +150,17 @@ def main() -> int:
                      show(fast), f"{fast['probes']}", f"{fast['probes_s']:.0f}",
                      within(fast, full), f"{fast['probes_s'] / full['probes_s']:.2f}",
                      (f"{show(floored)}: {floored['probes']} / {floored['probes_s']:.0f} s"
-                      if floored else "-")])
+                      if floored else "-")]
+                    + ([show(again), within(again, full), within(full, again),
+                        within(fast, again)] if again else []))
         if a.json:  # after each config: a run cut short keeps what it measured
             a.json.write_text(json.dumps({"args": vars(a) | {"json": str(a.json)},
                                           "configs": out}, indent=1, default=str))
     print()
     print(table(["#", "config", "full", "probes", "s", "fast", "probes", "s",
-                 "fast in full bracket", "time fast/full", "fast with config 0 as floor"],
+                 "fast in full bracket", "time fast/full", "fast with config 0 as floor"]
+                + (["full again", "in full's bracket", "full in its bracket",
+                    "fast in its bracket"] if a.control else []),
                 rows))
     print(f"\nwall time {time.monotonic() - t_all:.0f} s")
     return 0

@@ -802,13 +802,16 @@ def render_recommendation(rec: dict[str, Any]) -> None:
                                  + " ".join(rec["flags"]))))
     f = rec.get("figure")
     if f:
+        # (here, not at the top: it brings in Optuna, ~0.3 s on every command)
+        from qtune.recommendation import value_text
+
         gain = f"{f['ratio']:.2f}x" if f.get("ratio") is not None else "no ratio"
         interval = ""
         if f.get("interval"):
             lo, hi = f["interval"]
             interval = f" [{lo:.2f}, {'inf' if hi is None else f'{hi:.2f}'}]"
-        out.print(Text(f"  figure:    {f['metric']} {_fmt(f['best'])} {f['unit']} against the "
-                       f"defaults' {_fmt(f['baseline'])} {f['unit']}: {gain}{interval} "
+        out.print(Text(f"  figure:    {f['metric']} {value_text(f['best'], f['unit'])} against "
+                       f"the defaults' {value_text(f['baseline'], f['unit'])}: {gain}{interval} "
                        f"({f['basis']})"))
         out.print(Text(printable("  confirmed: " + (
             "yes, on fresh starts" if f["confirmed"] else f"no: {f['why_not_confirmed']}")),

@@ -354,10 +354,7 @@ def recommend(study: optuna.Study) -> Recommendation:
                     why is None, why, bracket,
                     (str(cap["decided"]) + decided) if cap.get("decided") else None)
     flags = launch_flags(best)
-    # The SLO line reads the winner's search run: for a capacity, at the load
-    # that decided it there, which its confirmation may have moved.
-    slo_basis = (f"its search run at {_value(cap['value'], unit)}"
-                 if isinstance(cap.get("value"), (int, float)) else "its search run")
+    slo_basis, slo_lines = _slo_lines(best, cap, conf, bracket, unit)
     # One sentence: the config's flags, the confirmation's why, the
     # quality and the deploy command have their own lines.
     confirmed = "confirmed on fresh starts" if why is None else "NOT confirmed"
@@ -369,23 +366,46 @@ def recommend(study: optuna.Study) -> Recommendation:
         or (t.status == TrialStatus.UNKNOWN and t.value is not None)))
     if kept and not rivals:
         head = (f"keep the engine defaults: no other config was measured, so nothing "
-                f"was compared ({_value(w, unit)} on {figure.metric}; {confirmed}); "
+                f"was compared ({value_text(w, unit)} on {figure.metric}; {confirmed}); "
                 "give the search more --trials or --time-budget")
     elif kept:
         head = (f"keep the engine defaults: no config beat them "
-                f"({_value(w, unit)} on {figure.metric}; {confirmed})")
+                f"({value_text(w, unit)} on {figure.metric}; {confirmed})")
     else:
         gain = f"{ratio:.2f}x" if ratio is not None else "an unmeasured gain"
-        head = (f"run trial {best.number}: {_value(w, unit)} on {figure.metric} against "
-                f"the engine defaults' {_value(b, unit)}, {gain}; {confirmed}")
+        head = (f"run trial {best.number}: {value_text(w, unit)} on {figure.metric} against "
+                f"the engine defaults' {value_text(b, unit)}, {gain}; {confirmed}")
     command, command_why = _emit_command(study)
     return Recommendation(study.study_name, objective, best.number, kept, flags,
                           dict(best.params), figure, measured_on, quality,
-                          command, head, slo_headroom(best.summary), slo_basis, rivals,
+                          command, head, slo_lines, slo_basis, rivals,
                           command_why)
 
 
-def _value(v: Any, unit: str) -> str:
+def _slo_lines(best: TrialRecord, cap: dict[str, Any], conf: dict[str, Any],
+               bracket: tuple[float, float | None] | None,
+               unit: str) -> tuple[str, list[str]]:
+    """The SLO line's basis and checks: for a capacity, the fresh start's run
+    at the load the profile plans with when the confirmation held it
+    (``at_held``), else the winner's search run, said to be above that load
+    when the confirmation moved it down."""
+    at_held = conf.get("at_held")
+    if isinstance(at_held, dict) and isinstance(at_held.get("checks"), dict) \
+            and isinstance(at_held.get("load"), (int, float)):
+        return (f"its fresh start at {value_text(at_held['load'], unit)}",
+                slo_headroom({"goodput": {"checks": at_held["checks"]}}))
+    lines = slo_headroom(best.summary)
+    if not isinstance(cap.get("value"), (int, float)):
+        return "its search run", lines
+    basis = f"its search run at {value_text(cap['value'], unit)}"
+    if bracket is not None and bracket[0] < float(cap["value"]):
+        basis += f", above the {value_text(bracket[0], unit)} the profile plans with"
+    return basis, lines
+
+
+def value_text(v: Any, unit: str) -> str:
+    """A figure as the first screen says it: four significant digits (a
+    capacity of 2.375 req/s is not "2.4"), grouped thousands."""
     if not isinstance(v, (int, float)):
         return "-"
     return f"{v:,.4g} {unit}" if abs(v) < 1e4 else f"{v:,.0f} {unit}"

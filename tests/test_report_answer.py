@@ -462,3 +462,84 @@ def test_defaults_alone_are_not_said_to_have_beaten_anything(tmp_path, monkeypat
     assert ("no other config was measured" in rec["headline"]) != compared
     page = (tmp_path / "d.html").read_text()
     assert ("no other config was measured" in page) != compared
+
+
+RUN24 = FIXTURES / "h100-run24" / "study.log"
+
+
+def _copied(src: optuna.Study) -> optuna.Study:
+    mem = optuna.storages.InMemoryStorage()
+    optuna.copy_study(from_study_name=src.study_name, from_storage=src._storage,
+                      to_storage=mem)
+    return optuna.load_study(study_name=src.study_name, storage=mem)
+
+
+def test_the_slo_line_reads_the_load_the_profile_plans_with():
+    """Run 24 on one H100: the defaults held 24 req/s in the search (TPOT
+    p99 15.2 ms), failed 24 on their fresh start and held 16, where vLLM's
+    own client read TPOT p99 15.9 ms.  The profile plans with 16, so the SLO
+    line must not read the search's run at 24 as if it were that load's."""
+    src, _ = load_study("h200-trialcost", f"journal://{RUN24}")
+    rec = recommend(src)
+    assert rec.figure is not None and rec.figure.bracket == (16.0, 24.0)
+    # the journal predates the fresh start's checks: the search's run, said
+    # to be above the load planned with
+    assert rec.slo_basis == "its search run at 24 req/s, above the 16 req/s the profile " \
+        "plans with"
+    assert rec.slo[0].startswith("tpot_p99 15.25 ms")
+
+    # the confirmation as qtune now records it: the fresh start's run at 16
+    from types import SimpleNamespace
+
+    from qtune.search import confirm
+
+    study = _copied(src)
+    checks = {"ttft_p99<=500ms": {"value": 90.5, "met": True},
+              "tpot_p99<=20ms": {"value": 14.1, "met": True}}
+    fresh = {"capacity": {"found": True, "value": 16.0, "bracket": [16.0, 24.0],
+                          "steps": [{"load": 24.0, "ok": False}, {"load": 16.0, "ok": True}]},
+             "goodput": {"checks": checks}}
+
+    def remeasure(prep, top, repeats, reporter, *, on_run, **kw):
+        for r in top:
+            on_run(r, fresh)
+        return {r.number: [16.0] for r in top}, {r.number: 0 for r in top}
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(confirm, "remeasure", remeasure)
+    try:
+        prep = SimpleNamespace(cfg=SimpleNamespace(objective="capacity",
+                                                   confirm=SimpleNamespace(top=1, repeats=1)),
+                               engines={})
+        confirm.confirm_top(prep, study, reporter=None, k=1, repeats=1)
+    finally:
+        mp.undo()
+    assert study.user_attrs["confirmation"]["0"]["at_held"] == {"load": 16.0,
+                                                               "checks": checks}
+    rec = recommend(study)
+    assert rec.slo_basis == "its fresh start at 16 req/s"
+    assert rec.slo == ["tpot_p99 14.1 ms against <= 20 ms (70% of the limit), the closest",
+                       "ttft_p99 90.5 ms against <= 500 ms (18% of the limit)"]
+
+
+def test_the_first_screen_says_a_capacity_as_the_profile_has_it(tmp_path, monkeypatch):
+    """The CPU study of this stop confirmed 2.375 req/s; the figure line read
+    "capacity 2.4 req/s" beside "2.375 req/s" in the line above it."""
+    import qtune.console as console
+    from qtune.recommendation import value_text
+
+    assert value_text(2.375, "req/s") == "2.375 req/s"
+    assert value_text(12853.66, "ms") == "12,854 ms"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "studies").mkdir()
+    shutil.copy(RUN24, tmp_path / "studies" / "h200-trialcost.log")
+    buf = io.StringIO()
+    monkeypatch.setattr(console, "out", type(console.out)(file=buf, width=200))
+    res = report("h200-trialcost", None)
+    fig = res["recommendation"]["figure"]
+    fig["best"] = fig["baseline"] = 2.375
+    console.render_recommendation(res["recommendation"])
+    text = buf.getvalue()
+    assert "figure:    capacity 2.375 req/s against the defaults' 2.375 req/s: 1.00x" in text
+    assert "slo:       (its search run at 24 req/s, above the 16 req/s the profile plans " \
+        "with) tpot_p99 15.25 ms" in text
