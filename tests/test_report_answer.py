@@ -467,14 +467,16 @@ def test_defaults_alone_are_not_said_to_have_beaten_anything(tmp_path, monkeypat
 RUN24 = FIXTURES / "h100-run24" / "study.log"
 
 
-def _copied(src: optuna.Study) -> optuna.Study:
+def _run24_copy() -> optuna.Study:
+    """Run 24's study in memory, to be written to."""
     mem = optuna.storages.InMemoryStorage()
-    optuna.copy_study(from_study_name=src.study_name, from_storage=src._storage,
+    optuna.copy_study(from_study_name="h200-trialcost",
+                      from_storage=open_storage(f"journal://{RUN24}", read_only=True),
                       to_storage=mem)
-    return optuna.load_study(study_name=src.study_name, storage=mem)
+    return optuna.load_study(study_name="h200-trialcost", storage=mem)
 
 
-def test_the_slo_line_reads_the_load_the_profile_plans_with():
+def test_the_slo_line_reads_the_load_the_profile_plans_with(monkeypatch):
     """Run 24 on one H100: the defaults held 24 req/s in the search (TPOT
     p99 15.2 ms), failed 24 on their fresh start and held 16, where vLLM's
     own client read TPOT p99 15.9 ms.  The profile plans with 16, so the SLO
@@ -493,7 +495,7 @@ def test_the_slo_line_reads_the_load_the_profile_plans_with():
 
     from qtune.search import confirm
 
-    study = _copied(src)
+    study = _run24_copy()
     checks = {"ttft_p99<=500ms": {"value": 90.5, "met": True},
               "tpot_p99<=20ms": {"value": 14.1, "met": True}}
     fresh = {"capacity": {"found": True, "value": 16.0, "bracket": [16.0, 24.0],
@@ -505,15 +507,11 @@ def test_the_slo_line_reads_the_load_the_profile_plans_with():
             on_run(r, fresh)
         return {r.number: [16.0] for r in top}, {r.number: 0 for r in top}
 
-    mp = pytest.MonkeyPatch()
-    mp.setattr(confirm, "remeasure", remeasure)
-    try:
-        prep = SimpleNamespace(cfg=SimpleNamespace(objective="capacity",
-                                                   confirm=SimpleNamespace(top=1, repeats=1)),
-                               engines={})
-        confirm.confirm_top(prep, study, reporter=None, k=1, repeats=1)
-    finally:
-        mp.undo()
+    monkeypatch.setattr(confirm, "remeasure", remeasure)
+    prep = SimpleNamespace(cfg=SimpleNamespace(objective="capacity",
+                                               confirm=SimpleNamespace(top=1, repeats=1)),
+                           engines={})
+    confirm.confirm_top(prep, study, reporter=None, k=1, repeats=1)
     assert study.user_attrs["confirmation"]["0"]["at_held"] == {"load": 16.0,
                                                                "checks": checks}
     rec = recommend(study)
