@@ -96,15 +96,19 @@ def main() -> int:
     ap.add_argument("--no-floor", action="store_true",
                     help="skip the fast run with config 0's capacity as floor "
                          "(saves its probes where device time is short)")
-    ap.add_argument("--control", action="store_true",
+    ap.add_argument("--control", nargs="?", const="all", default=None,
                     help="run the full procedure again after the fast one (full, fast, "
-                         "full): does the full procedure agree with itself?")
+                         "full): does the full procedure agree with itself?  Alone: on "
+                         "every config; with indices ('0' or '0,2'): on those only, "
+                         "where device time is short")
     ap.add_argument("--server-nice", type=int, default=None,
                     help="the server's autogroup nice (Linux): on a host where the "
                          "server and this client share the cores, 10 keeps the "
                          "client's loop on time (both procedures measure alike)")
     a = ap.parse_args()
     configs = json.loads(a.configs)
+    controlled = (set() if a.control is None else set(range(len(configs)))
+                  if a.control == "all" else {int(i) for i in a.control.split(",")})
     wait_until_alone()
     rows, out = [], []
     incumbent: float | None = None
@@ -118,14 +122,15 @@ def main() -> int:
                 assert server.proc is not None
                 set_server_nice(server.proc.pid, a.server_nice)
             server.wait_ready(a.startup_timeout)
-            order = (FULL, FAST) if i % 2 == 0 or a.control else (FAST, FULL)
+            control = i in controlled
+            order = (FULL, FAST) if i % 2 == 0 or control else (FAST, FULL)
             res = {p: run(spec.base_url, spec.served_model, tok, a,
                           CapacityPlan(start=a.rate, tolerance=a.tolerance, procedure=p),
                           seed=1000 * i + k)
                    for k, p in enumerate(order)}
             again = (run(spec.base_url, spec.served_model, tok, a,
                          CapacityPlan(start=a.rate, tolerance=a.tolerance, procedure=FULL),
-                         seed=1000 * i + 5) if a.control else None)
+                         seed=1000 * i + 5) if control else None)
             floored = None
             if incumbent is not None and not a.no_floor:
                 floored = run(spec.base_url, spec.served_model, tok, a,
@@ -152,7 +157,8 @@ def main() -> int:
                      (f"{show(floored)}: {floored['probes']} / {floored['probes_s']:.0f} s"
                       if floored else "-")]
                     + ([show(again), within(again, full), within(full, again),
-                        within(fast, again)] if again else []))
+                        within(fast, again)] if again else
+                       ["-"] * 4 if controlled else []))
         if a.json:  # after each config: a run cut short keeps what it measured
             a.json.write_text(json.dumps({"args": vars(a) | {"json": str(a.json)},
                                           "configs": out}, indent=1, default=str))
@@ -160,7 +166,7 @@ def main() -> int:
     print(table(["#", "config", "full", "probes", "s", "fast", "probes", "s",
                  "fast in full bracket", "time fast/full", "fast with config 0 as floor"]
                 + (["full again", "in full's bracket", "full in its bracket",
-                    "fast in its bracket"] if a.control else []),
+                    "fast in its bracket"] if controlled else []),
                 rows))
     print(f"\nwall time {time.monotonic() - t_all:.0f} s")
     return 0

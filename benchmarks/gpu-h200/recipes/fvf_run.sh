@@ -5,6 +5,8 @@
 # benchmarks/capacity_fast_vs_full.py on the engine defaults and run 13's winner, each on
 # one server, both procedures in turn (order alternated).  Usage as trialcost_run.sh:
 #   fvf_run.sh copy N | start | wait
+# CONTROL=0 (or 0,1) on "start": the full procedure again after the fast one on those
+# configs (capacity_fast_vs_full.py --control): does the full one agree with itself?
 set -u
 . "$(dirname "$0")/chain_lib.sh"
 vllm_recipe_init
@@ -19,12 +21,13 @@ start)
   configs=${CONFIGS:-}; [ -n "$configs" ] || configs="[{}, $run13_winner]"
   printf '%s' "$configs" > $Q/cfg.json
   echo 'CONFIGS=$(cat /tmp/qt/cfg.json)' > $Q/chain.sh
+  echo "CONTROL='${CONTROL:-}'" >> $Q/chain.sh
   cat >> $Q/chain.sh <<'EOC'
 cd /tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-vllm/bin/python
 s=$(date +%s)
 $PY benchmarks/capacity_fast_vs_full.py --model examples/qwen3-4b --configs "$CONFIGS" \
   --input-len 1024 --output-len 256 --rate 16 --requests 400 --warmup 160 \
-  --slo 'ttft_p99<=500ms,tpot_p99<=20ms' --no-floor --json $Q/result.json > $Q/console.txt 2>&1
+  --slo 'ttft_p99<=500ms,tpot_p99<=20ms' --no-floor ${CONTROL:+--control $CONTROL} --json $Q/result.json > $Q/console.txt 2>&1
 echo "fvf rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
 touch $Q/DONE
 EOC
