@@ -36,7 +36,8 @@ no floor, no early stop), kept to measure the fast one against
 
 ``CapacityPlan(confirm=True)`` is the confirmation's probe: one sustained
 probe (twice the window) at a capacity found earlier, on a fresh start, and
-when it does not hold, one at the plan's ``fallback`` on the same start.
+when it does not hold, one at the plan's ``fallback`` on the same start; with
+``refine``, when that held far below, one more halfway between them.
 
 The parts apart from the procedure: a probe's verdict
 (``qtune.capacity_verdict``) and the plan, probe, bracket and result types
@@ -432,12 +433,40 @@ class _Search:
         fb = self.plan.fallback
         if fb is not None and self.probe(fb, scale=SUSTAINED_WINDOWS):
             at = self.b.probes[-1]
-            return self.result(found=True, value=fb, at_value=at, bracket=(fb, x),
-                               decided=f"{failed}; {fb:g} {self.unit} held "
-                               f"({at.requests} requests)")
+            decided = f"{failed}; {fb:g} {self.unit} held ({at.requests} requests)"
+            m = self.middle(fb, x)
+            if m is None:
+                return self.result(found=True, value=fb, at_value=at, bracket=(fb, x),
+                                   decided=decided)
+            if self.probe(m, scale=SUSTAINED_WINDOWS):
+                at = self.b.probes[-1]
+                return self.result(found=True, value=m, at_value=at, bracket=(m, x),
+                                   decided=f"{decided}; so did {m:g} between them "
+                                   f"({at.requests} requests)")
+            return self.result(found=True, value=fb, at_value=at, bracket=(fb, m),
+                               decided=f"{decided}; {m:g} between them did not: "
+                               f"{self.b.probes[-1].why}")
         if fb is not None:
             failed += f"; nor did {fb:g}: {self.b.probes[-1].why}"
         return self.result(found=False, below=x, reason=failed)
+
+
+    def middle(self, held: float, failed: float) -> float | None:
+        """A confirmation's middle rung (``CapacityPlan.refine``): the load
+        halfway between the fallback that held and the load that failed, when
+        they are more than two tolerances apart and the deadline leaves time
+        for one more sustained probe; else None."""
+        if not self.plan.refine:
+            return None
+        # priced as the longest sustained probe of this start (the two before
+        # it), which out_of_time's window estimate leaves out: warm-up and drain
+        longest = max((p.elapsed_s for p in self.b.probes), default=0.0)
+        if self.plan.deadline is not None and time.monotonic() + longest > self.plan.deadline:
+            return None
+        if self.by_rate:
+            wide = (failed - held) / held > 2 * self.plan.tolerance + 1e-9
+            return (held + failed) / 2 if wide else None
+        return float((held + failed) // 2) if failed - held > 2 else None
 
 
 def find_capacity(url: str, model: str, cfg: BenchConfig,

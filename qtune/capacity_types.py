@@ -74,6 +74,15 @@ class CapacityPlan:
     # fresh start and under vLLM's own client (23.4 ms), which left the study
     # with no confirmed gain, where 25 req/s had held in its search.
     fallback: float | None = None
+    # A confirmation whose fallback held and lies more than two tolerances
+    # below the load that failed probes once more, between the two, when
+    # ``deadline`` leaves time for it (``_Search.confirm``).  On one H100
+    # (run 24) the defaults failed 24 req/s on their fresh start and held the
+    # fallback, 16, the highest load held below 24 in their search; vLLM's
+    # own client read TPOT p99 15.9 ms at 16 and 23.8 ms at 24 (limit 20), so
+    # the profile planned with about a fifth less than the host holds.  Off
+    # for a challenge (its fallback is the config's own capacity).
+    refine: bool = False
 
     def __post_init__(self) -> None:
         if self.procedure not in (FAST, FULL):

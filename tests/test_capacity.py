@@ -4,6 +4,7 @@ outcome scripted, and against a stand-in server whose capacity is known
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -243,6 +244,36 @@ def test_a_confirmation_that_fails_falls_back_one_rung_on_the_same_start():
     # one that holds its load never spends the fallback
     cap, fn = run(lambda rate, n: True, plan=plan)
     assert cap.value == 27.5 and len(fn.calls) == 1
+
+
+def test_a_confirmation_whose_fallback_is_far_below_probes_between_them():
+    """Run 24 on one H100: the defaults failed 24 req/s on their fresh start
+    and held the fallback, 16, where vLLM's own client put the limit near 20.
+    With ``refine`` a fallback more than two tolerances below is followed by
+    one probe halfway, and the answer and bracket are what that leaves; a
+    close fallback, no ``refine`` or no time left spend nothing more."""
+    import time
+
+    plan = CapacityPlan(start=24, floor=24, window_s=20.0, confirm=True, fallback=16,
+                        refine=True)
+    cap, fn = run(lambda rate, n: rate <= 21, plan=plan)
+    assert [w.rate for w, _ in fn.calls] == [24, 16, 20]
+    assert all(w.requests == w.rate * 40 for w, _ in fn.calls)  # two windows each
+    assert cap.found and cap.value == 20 and cap.bracket == (20, 24)
+    assert cap.at_value is cap.probes[-1] and "so did 20 between them" in cap.decided
+    cap, fn = run(lambda rate, n: rate <= 18, plan=plan)
+    assert [w.rate for w, _ in fn.calls] == [24, 16, 20]
+    assert cap.value == 16 and cap.bracket == (16, 20) and cap.at_value.load == 16
+    assert "20 between them did not" in cap.decided
+    # nothing more: a fallback within two tolerances, refine off, no time left,
+    # or a fallback that did not hold
+    for p in (dataclasses.replace(plan, fallback=20), dataclasses.replace(plan, refine=False),
+              dataclasses.replace(plan, deadline=time.monotonic() - 1.0)):
+        cap, fn = run(lambda rate, n: rate <= 21, plan=p)
+        assert [w.rate for w, _ in fn.calls] == [24, p.fallback]
+        assert cap.bracket == (p.fallback, 24)
+    cap, fn = run(lambda rate, n: False, plan=plan)
+    assert len(fn.calls) == 2 and not cap.found
 
 
 def test_a_config_that_fails_its_re_measure_at_the_floor_is_below_it():

@@ -83,7 +83,9 @@ class Costs:
         more there, one rung lower: ``CapacityPlan.fallback``).  One rung a
         repeat is the confirmation of a real gain: the defaults, challenged
         at the winner's load on each fresh start, fail it and fall back to
-        their own capacity."""
+        their own capacity.  A middle rung above a fallback that held far
+        below (``CapacityPlan.refine``) is not priced: it runs only in the
+        confirmation's last run, when it ends before the budget does."""
         return self.confirm_probe_s if self.capacity else 0.0
 
 

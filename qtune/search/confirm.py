@@ -63,11 +63,14 @@ def candidates(prep: Prepared, recs: list[TrialRecord], k: int) -> list[TrialRec
     return top
 
 
-def confirmation(prep: Prepared, study: optuna.Study, reporter: Reporter) -> None:
+def confirmation(prep: Prepared, study: optuna.Study, reporter: Reporter,
+                 started: float | None = None) -> None:
     """Re-measure the top configs (``confirm_top``) as planned from the
     first trial on (``qtune.search.budget``): the search stopped early
     enough for it, so it is never skipped for time; a Pareto front is not
-    confirmed."""
+    confirmed.  ``started``: the study's start (``time.monotonic()``); with
+    ``--time-budget``, its end bounds the confirmation's one unplanned probe
+    (a middle rung, ``remeasure``'s ``refine``)."""
     cfg = prep.cfg
     if prep.direction == "pareto" and cfg.confirm.top > 0 and cfg.pick is None:
         reporter.note("no top-K confirmation for a Pareto front: re-measure the point "
@@ -78,11 +81,13 @@ def confirmation(prep: Prepared, study: optuna.Study, reporter: Reporter) -> Non
         return
     if plan.why:
         reporter.note(f"confirmation {plan.why}")
-    confirm_top(prep, study, reporter, plan.top, plan.repeats)
+    end = None if started is None or cfg.time_budget is None else started + cfg.time_budget
+    confirm_top(prep, study, reporter, plan.top, plan.repeats, end=end)
 
 
 def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
-                k: int | None = None, repeats: int | None = None) -> None:
+                k: int | None = None, repeats: int | None = None, *,
+                end: float | None = None) -> None:
     """Re-measure the top K feasible configs with fresh starts, interleaved
     (ABC, BCA, CAB, ...), and keep the medians and bootstrap intervals in the
     study: one lucky measurement must not pick the winner.  The engine
@@ -117,7 +122,7 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
 
     values, failures = remeasure(prep, top, repeats, reporter, phase="confirming",
                                  log_name="confirm", seed_phase=Phase.CONFIRM, on_run=seen,
-                                 at=challenge)
+                                 at=challenge, refine=True, end=end)
     by_number = {r.number: r for r in top}
     result = {str(n): _confirmed(by_number[n], study.trials[n].value, vals, failures[n], runs)
               for n, vals in values.items()}

@@ -154,7 +154,7 @@ def _conclude(prep: Prepared, study: optuna.Study, reporter: Reporter, started: 
               stop_reason: str | None) -> TuneResult:
     """The confirmation of the top configs, speculative decoding on the
     winner, then the profile."""
-    confirmation(prep, study, reporter)
+    confirmation(prep, study, reporter, started)
     _speculative(prep, study, reporter, started)
     res = finish(prep, study)
     res.stop_reason = stop_reason

@@ -278,14 +278,16 @@ def capacity_plan(prep: Prepared, best: TrialRecord | None,
                                remeasure=not budget.confirmed_later)
 
 
-def confirm_plan(cfg: TuneConfig, r: TrialRecord,
-                 load: float | None = None) -> CapacityPlan | None:
+def confirm_plan(cfg: TuneConfig, r: TrialRecord, load: float | None = None, *,
+                 refine: bool = False, deadline: float | None = None
+                 ) -> CapacityPlan | None:
     """A capacity config's confirmation run: one sustained probe at the
     capacity it was found to hold (or at ``load``, a challenge), on a fresh
     start (not a new search), and if it does not hold, one at the next
     lower load on the same start: the highest load below it that the config
     held in its search, or, for a challenge, its own capacity.  None for
-    other objectives."""
+    other objectives.  ``refine`` and ``deadline``: a middle rung when the
+    fallback held far below (``CapacityPlan.refine``), never for a challenge."""
     cap = (r.summary or {}).get("capacity") or {}
     if cfg.objective != "capacity" or not cap.get("found") or r.value is None:
         return None
@@ -297,7 +299,9 @@ def confirm_plan(cfg: TuneConfig, r: TrialRecord,
     else:
         fallback = float(r.value) if r.value < x else None
     return CapacityPlan(start=x, floor=x, window_s=cap.get("window_s"), confirm=True,
-                        floor_of=f"trial {r.number}", fallback=fallback)
+                        floor_of=f"trial {r.number}", fallback=fallback,
+                        refine=refine and load is None and fallback is not None,
+                        deadline=deadline)
 
 
 def _tell_below(prep: Prepared, study: optuna.Study, trial: optuna.Trial,
@@ -362,7 +366,8 @@ def bench_config(prep: Prepared, spec: LaunchSpec, wl: Workload) -> BenchConfig:
 def remeasure(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: Reporter,
               *, phase: str, log_name: str, seed_phase: Phase,
               on_run: Callable[[TrialRecord, JSONObject], None] | None = None,
-              at: dict[int, float] | None = None,
+              at: dict[int, float] | None = None, refine: bool = False,
+              end: float | None = None,
               ) -> tuple[dict[int, list[float]], dict[int, int]]:
     """Each of ``items`` measured ``repeats`` times more, each time on a fresh
     start, in rotated order (``interleaved``), each round with prompts of its
@@ -371,11 +376,22 @@ def remeasure(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: 
     request).  ``on_run(record, summary)`` sees every measured round.  The
     top-K confirmation and the speculative-decoding A/B both re-measure so.
     ``at``: for a capacity, the load a config is asked to hold instead of its
-    own (the defaults, at the best config's capacity)."""
+    own (the defaults, at the best config's capacity).  ``refine``: a
+    capacity that fails on its fresh start and holds its fallback far below
+    is probed once more between the two (``CapacityPlan.refine``); with
+    ``end``, the study's end under ``--time-budget`` (``time.monotonic()``),
+    only in the last run, and only when that probe ends before ``end``: the
+    runs before it are what the budget planned, and the middle rung is not
+    in that plan."""
     cfg = prep.cfg
     values: dict[int, list[float]] = {r.number: [] for r in items}
     failures: dict[int, int] = {r.number: 0 for r in items}
-    for rep, r in interleaved(items, repeats):
+    runs = list(interleaved(items, repeats))
+    for i, (rep, r) in enumerate(runs):
+        last = i == len(runs) - 1
+        plan = confirm_plan(cfg, r, (at or {}).get(r.number),
+                            refine=refine and (end is None or last),
+                            deadline=end if last else None)
         reporter.trial_phase(r.number, phase, f"repeat {rep + 1}/{repeats}")
         sub = prep.of(r.engine)  # --engine a,b: the trial's own engine
         spec = trial_spec(sub.engine, r.params, sub.ctx, free_port())
@@ -385,7 +401,7 @@ def remeasure(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: 
             m = measure_server(spec, log, bench_config(sub, spec, wl),
                                startup_timeout=cfg.startup_timeout,
                                classify=sub.engine.classify,
-                               capacity=confirm_plan(cfg, r, (at or {}).get(r.number)))
+                               capacity=plan)
         except ServerError:
             failures[r.number] += 1  # does not restart reliably
             continue

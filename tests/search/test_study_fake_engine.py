@@ -586,3 +586,59 @@ def test_a_capacity_whose_fresh_start_held_nothing_is_planned_at_what_held_below
     assert got["bracket"] == [16.0, 24.0]
     assert got["median"] == 16.0 and got["ci95"] is None
     assert got["held"] == [None] and got["failures"] == 1
+
+
+def test_the_confirmation_probes_a_middle_rung_only_where_the_budget_has_no_plan_for_it(
+        monkeypatch, tmp_path):
+    """The middle rung (``CapacityPlan.refine``) is not in the time budget's
+    plan: under ``--time-budget`` only the confirmation's last run may
+    take it, bounded by the study's end; without a budget every run may; a
+    challenge (the defaults asked to hold a winner's load) never does."""
+    from types import SimpleNamespace
+
+    import optuna
+
+    from qtune.errors import ServerError
+    from qtune.load.workload import Workload
+    from qtune.search import trial as trial_mod
+    from qtune.search.records import TrialRecord
+
+    plans = []
+
+    def measure_server(spec, log, bench, *, capacity, **kw):
+        plans.append(capacity)
+        raise ServerError("not started: the plan is what this test reads", reason="crash")
+
+    monkeypatch.setattr(trial_mod, "trial_spec", lambda *a: None)
+    monkeypatch.setattr(trial_mod, "bench_config", lambda *a: None)
+    monkeypatch.setattr(trial_mod, "measure_server", measure_server)
+    study = optuna.create_study(direction="maximize")
+    for value, baseline in ((24.0, True), (30.0, False)):
+        steps = [{"load": 16.0, "ok": True}, {"load": value, "ok": True}]
+        cap = {"found": True, "value": value, "bracket": [value, 2 * value], "steps": steps,
+               "window_s": 20.0}
+        study.add_trial(optuna.trial.create_trial(
+            value=value, user_attrs={"baseline": baseline, "status": "ok",
+                                     "summary": {"capacity": cap}}))
+    recs = [TrialRecord.from_frozen(t) for t in study.trials]
+    sub = SimpleNamespace(engine=SimpleNamespace(classify=None), ctx=None)
+    prep = SimpleNamespace(cfg=SimpleNamespace(objective="capacity", workload=Workload(rate=16),
+                                               startup_timeout=1.0),
+                           of=lambda engine: sub, study_dir=tmp_path)
+    reporter = SimpleNamespace(trial_phase=lambda *a: None)
+
+    def run(**kw):
+        plans.clear()
+        trial_mod.remeasure(prep, recs, 2, reporter, phase="confirming", log_name="c",
+                            seed_phase=trial_mod.Phase.CONFIRM, refine=True, **kw)
+        return [(p.floor, p.refine, p.deadline) for p in plans]
+
+    end = 1e9
+    # rounds AB, BA; the last run is the defaults' (trial 0) own capacity
+    assert run(end=end) == [(24.0, False, None), (30.0, False, None),
+                            (30.0, False, None), (24.0, True, end)]
+    assert run() == [(24.0, True, None), (30.0, True, None), (30.0, True, None),
+                     (24.0, True, None)]
+    # the defaults challenged at the winner's load: their fallback is their own
+    # capacity, and no middle rung
+    assert run(at={0: 30.0}, end=end)[-1] == (30.0, False, end)
