@@ -465,7 +465,9 @@ class _Search:
             return None
         if self.by_rate:
             wide = (failed - held) / held > 2 * self.plan.tolerance + 1e-9
-            return (held + failed) / 2 if wide else None
+            # four digits: (0.7 + 2.4) / 2 is 1.5499999999999998, a figure
+            # the profile would plan with (the CPU target's check, 1.55)
+            return float(f"{(held + failed) / 2:.4g}") if wide else None
         return float((held + failed) // 2) if failed - held > 2 else None
 
 

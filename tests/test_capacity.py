@@ -274,6 +274,10 @@ def test_a_confirmation_whose_fallback_is_far_below_probes_between_them():
         assert cap.bracket == (p.fallback, 24)
     cap, fn = run(lambda rate, n: False, plan=plan)
     assert len(fn.calls) == 2 and not cap.found
+    # a figure to plan with, not a float's last digit (on the CPU target)
+    cap, fn = run(lambda rate, n: rate <= 2,
+                  plan=dataclasses.replace(plan, floor=2.4, start=2.4, fallback=0.7))
+    assert cap.value == 1.55 and cap.bracket == (1.55, 2.4)
 
 
 def test_a_config_that_fails_its_re_measure_at_the_floor_is_below_it():
