@@ -458,10 +458,12 @@ class _Search:
         for one more sustained probe; else None."""
         if not self.plan.refine:
             return None
-        # priced as the longest sustained probe of this start (the two before
-        # it), which out_of_time's window estimate leaves out: warm-up and drain
+        # priced as twice the longest sustained probe of this start (the two
+        # before it; out_of_time's window estimate leaves out warm-up and
+        # drain): a soft failure is measured again, and the budget is a promise
         longest = max((p.elapsed_s for p in self.b.probes), default=0.0)
-        if self.plan.deadline is not None and time.monotonic() + longest > self.plan.deadline:
+        if self.plan.deadline is not None and \
+                time.monotonic() + 2 * longest > self.plan.deadline:
             return None
         if self.by_rate:
             wide = (failed - held) / held > 2 * self.plan.tolerance + 1e-9

@@ -81,7 +81,8 @@ class CapacityPlan:
     # fallback, 16, the highest load held below 24 in their search; vLLM's
     # own client read TPOT p99 15.9 ms at 16 and 23.8 ms at 24 (limit 20), so
     # the profile planned with about a fifth less than the host holds.  Off
-    # for a challenge (its fallback is the config's own capacity).
+    # for a challenge (its fallback is the config's own capacity); under
+    # --time-budget only where the budget leaves room (``remeasure``).
     refine: bool = False
 
     def __post_init__(self) -> None:
@@ -89,6 +90,8 @@ class CapacityPlan:
             raise ValueError(f"unknown capacity procedure {self.procedure!r}")
         if self.confirm and self.floor is None:
             raise ValueError("a confirmation probes a capacity found before: give floor")
+        if self.refine and (not self.confirm or self.fallback is None):
+            raise ValueError("a middle rung refines a confirmation's fallback: give fallback")
         if self.fallback is not None and (not self.confirm or self.floor is None
                                           or not 0 < self.fallback < self.floor):
             raise ValueError("a fallback is a confirmation's lower load: below floor")

@@ -274,6 +274,9 @@ def test_a_confirmation_whose_fallback_is_far_below_probes_between_them():
         assert cap.bracket == (p.fallback, 24)
     cap, fn = run(lambda rate, n: False, plan=plan)
     assert len(fn.calls) == 2 and not cap.found
+    # "two tolerances" are the plan's: at 30% a 50% gap is not wide
+    cap, fn = run(lambda rate, n: rate <= 21, plan=dataclasses.replace(plan, tolerance=0.3))
+    assert [w.rate for w, _ in fn.calls] == [24, 16]
     # a figure to plan with, not a float's last digit (on the CPU target)
     cap, fn = run(lambda rate, n: rate <= 2,
                   plan=dataclasses.replace(plan, floor=2.4, start=2.4, fallback=0.7))
@@ -321,6 +324,8 @@ def test_a_plan_is_checked():
             CapacityPlan(start=27.5, floor=27.5, confirm=True, fallback=fallback)
     with pytest.raises(ValueError):
         CapacityPlan(start=27.5, floor=27.5, fallback=25)
+    with pytest.raises(ValueError):  # a middle rung refines a confirmation's fallback
+        CapacityPlan(start=27.5, floor=27.5, confirm=True, refine=True)
 
 
 # --- against a server whose capacity is known --------------------------------

@@ -122,7 +122,10 @@ def confirm_top(prep: Prepared, study: optuna.Study, reporter: Reporter,
 
     values, failures = remeasure(prep, top, repeats, reporter, phase="confirming",
                                  log_name="confirm", seed_phase=Phase.CONFIRM, on_run=seen,
-                                 at=challenge, refine=True, end=end)
+                                 at=challenge, end=end,
+                                 # (a caller under a budget that gives no end
+                                 # gets no unplanned probe)
+                                 refine=cfg.time_budget is None or end is not None)
     by_number = {r.number: r for r in top}
     result = {str(n): _confirmed(by_number[n], study.trials[n].value, vals, failures[n], runs)
               for n, vals in values.items()}

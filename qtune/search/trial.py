@@ -299,6 +299,7 @@ def confirm_plan(cfg: TuneConfig, r: TrialRecord, load: float | None = None, *,
     else:
         fallback = float(r.value) if r.value < x else None
     return CapacityPlan(start=x, floor=x, window_s=cap.get("window_s"), confirm=True,
+                        tolerance=cfg.capacity.tolerance,
                         floor_of=f"trial {r.number}", fallback=fallback,
                         refine=refine and load is None and fallback is not None,
                         deadline=deadline)
@@ -380,9 +381,11 @@ def remeasure(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: 
     capacity that fails on its fresh start and holds its fallback far below
     is probed once more between the two (``CapacityPlan.refine``); with
     ``end``, the study's end under ``--time-budget`` (``time.monotonic()``),
-    only in the last run, and only when that probe ends before ``end``: the
-    runs before it are what the budget planned, and the middle rung is not
-    in that plan."""
+    only in the last run, only when each config has one fresh start, and
+    only when that probe ends before ``end``: the runs before it are what
+    the budget planned, and the middle rung is not in that plan.  (With more
+    fresh starts a config's confirmed load is the lowest any of them held,
+    ``confirmed_bracket``, so a middle on one start alone changes nothing.)"""
     cfg = prep.cfg
     values: dict[int, list[float]] = {r.number: [] for r in items}
     failures: dict[int, int] = {r.number: 0 for r in items}
@@ -390,7 +393,7 @@ def remeasure(prep: Prepared, items: list[TrialRecord], repeats: int, reporter: 
     for i, (rep, r) in enumerate(runs):
         last = i == len(runs) - 1
         plan = confirm_plan(cfg, r, (at or {}).get(r.number),
-                            refine=refine and (end is None or last),
+                            refine=refine and (end is None or (last and repeats == 1)),
                             deadline=end if last else None)
         reporter.trial_phase(r.number, phase, f"repeat {rep + 1}/{repeats}")
         sub = prep.of(r.engine)  # --engine a,b: the trial's own engine

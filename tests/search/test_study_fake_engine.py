@@ -578,7 +578,7 @@ def test_a_capacity_whose_fresh_start_held_nothing_is_planned_at_what_held_below
         return {r.number: [] for r in top}, {r.number: 1 for r in top}
 
     monkeypatch.setattr(confirm, "remeasure", remeasure)
-    prep = SimpleNamespace(cfg=SimpleNamespace(objective="capacity",
+    prep = SimpleNamespace(cfg=SimpleNamespace(objective="capacity", time_budget=None,
                                                confirm=SimpleNamespace(top=1, repeats=1)),
                            engines={})
     confirm.confirm_top(prep, study, reporter=None, k=1, repeats=1)
@@ -623,22 +623,28 @@ def test_the_confirmation_probes_a_middle_rung_only_where_the_budget_has_no_plan
     recs = [TrialRecord.from_frozen(t) for t in study.trials]
     sub = SimpleNamespace(engine=SimpleNamespace(classify=None), ctx=None)
     prep = SimpleNamespace(cfg=SimpleNamespace(objective="capacity", workload=Workload(rate=16),
-                                               startup_timeout=1.0),
+                                               startup_timeout=1.0,
+                                               capacity=SimpleNamespace(tolerance=0.05)),
                            of=lambda engine: sub, study_dir=tmp_path)
     reporter = SimpleNamespace(trial_phase=lambda *a: None)
 
-    def run(**kw):
+    def run(repeats=1, **kw):
         plans.clear()
-        trial_mod.remeasure(prep, recs, 2, reporter, phase="confirming", log_name="c",
+        trial_mod.remeasure(prep, recs, repeats, reporter, phase="confirming", log_name="c",
                             seed_phase=trial_mod.Phase.CONFIRM, refine=True, **kw)
+        assert all(p.tolerance == 0.05 for p in plans)  # the study's, not the default
         return [(p.floor, p.refine, p.deadline) for p in plans]
 
     end = 1e9
-    # rounds AB, BA; the last run is the defaults' (trial 0) own capacity
-    assert run(end=end) == [(24.0, False, None), (30.0, False, None),
-                            (30.0, False, None), (24.0, True, end)]
-    assert run() == [(24.0, True, None), (30.0, True, None), (30.0, True, None),
-                     (24.0, True, None)]
+    # one fresh start each (A, B): only the last run, bounded by the study's end
+    assert run(end=end) == [(24.0, False, None), (30.0, True, end)]
+    # two each (AB, BA): a config's confirmed load is the lowest its starts
+    # held, so a middle on its last start alone would change nothing: none
+    assert [p[1] for p in run(2, end=end)] == [False] * 4
+    # no budget: every run
+    assert run(2) == [(24.0, True, None), (30.0, True, None), (30.0, True, None),
+                      (24.0, True, None)]
     # the defaults challenged at the winner's load: their fallback is their own
     # capacity, and no middle rung
+    recs.reverse()  # (B, A): the defaults' run is the last
     assert run(at={0: 30.0}, end=end)[-1] == (30.0, False, end)
