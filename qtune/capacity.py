@@ -450,25 +450,17 @@ class _Search:
             failed += f"; nor did {fb:g}: {self.b.probes[-1].why}"
         return self.result(found=False, below=x, reason=failed)
 
-
     def middle(self, held: float, failed: float) -> float | None:
-        """A confirmation's middle rung (``CapacityPlan.refine``): the load
-        halfway between the fallback that held and the load that failed, when
-        they are more than two tolerances apart and the deadline leaves time
-        for one more sustained probe; else None."""
-        if not self.plan.refine:
-            return None
-        # priced as twice the longest sustained probe of this start (the two
-        # before it; out_of_time's window estimate leaves out warm-up and
-        # drain): a soft failure is measured again, and the budget is a promise
+        """``CapacityPlan.refine``: the load halfway between a fallback that
+        held and the load that failed, when more than two tolerances apart
+        and the deadline leaves twice the longest probe of this start (a soft
+        failure is measured again); four digits (not 1.5499999999999998)."""
         longest = max((p.elapsed_s for p in self.b.probes), default=0.0)
-        if self.plan.deadline is not None and \
-                time.monotonic() + 2 * longest > self.plan.deadline:
+        if not self.plan.refine or (self.plan.deadline is not None and
+                                    time.monotonic() + 2 * longest > self.plan.deadline):
             return None
         if self.by_rate:
             wide = (failed - held) / held > 2 * self.plan.tolerance + 1e-9
-            # four digits: (0.7 + 2.4) / 2 is 1.5499999999999998, a figure
-            # the profile would plan with (the CPU target's check, 1.55)
             return float(f"{(held + failed) / 2:.4g}") if wide else None
         return float((held + failed) // 2) if failed - held > 2 else None
 

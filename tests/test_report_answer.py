@@ -508,7 +508,7 @@ def test_the_slo_line_reads_the_load_the_profile_plans_with(monkeypatch):
         return {r.number: [16.0] for r in top}, {r.number: 0 for r in top}
 
     monkeypatch.setattr(confirm, "remeasure", remeasure)
-    prep = SimpleNamespace(cfg=SimpleNamespace(objective="capacity",
+    prep = SimpleNamespace(cfg=SimpleNamespace(objective="capacity", time_budget=None,
                                                confirm=SimpleNamespace(top=1, repeats=1)),
                            engines={})
     confirm.confirm_top(prep, study, reporter=None, k=1, repeats=1)

@@ -11,10 +11,10 @@ import optuna
 from qtune.objectives import get_objective
 from qtune.params import JSONObject
 from qtune.search.budget import ConfirmationPlan, plan_confirmation
+from qtune.search.fresh import remeasure
 from qtune.search.inputs import Prepared
 from qtune.search.records import StudyAttr, TrialRecord, TrialStatus
 from qtune.search.reporter import Reporter
-from qtune.search.trial import remeasure
 from qtune.seeds import Phase
 from qtune.stats import bootstrap_median
 

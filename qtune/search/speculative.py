@@ -21,11 +21,11 @@ from typing import Any, cast
 import optuna
 
 from qtune.params import JSONObject, JSONValue, Params, ParamValue
+from qtune.search.fresh import remeasure
 from qtune.search.inputs import Prepared
 from qtune.search.records import Attr, StudyAttr, TrialRecord, TrialStatus
 from qtune.search.reporter import Reporter
 from qtune.search.result import summary_line, winner
-from qtune.search.trial import remeasure
 from qtune.seeds import Phase
 from qtune.stats import bootstrap_median, ratio_ci
 

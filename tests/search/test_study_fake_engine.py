@@ -600,7 +600,7 @@ def test_the_confirmation_probes_a_middle_rung_only_where_the_budget_has_no_plan
 
     from qtune.errors import ServerError
     from qtune.load.workload import Workload
-    from qtune.search import trial as trial_mod
+    from qtune.search import fresh as trial_mod
     from qtune.search.records import TrialRecord
 
     plans = []
