@@ -8,6 +8,7 @@ stopped at the end of the session.  Each test gets a database of its own.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import pwd
@@ -49,9 +50,13 @@ class Postgres:
 
     def _run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         kw: dict[str, Any] = {"user": self.user, "group": self.user} if self.user else {}
-        return subprocess.run([str(self.bindir / argv[0]), *argv[1:]], check=check,
-                              capture_output=True, text=True, timeout=120,
-                              cwd=self.root, **kw)
+        r = subprocess.run([str(self.bindir / argv[0]), *argv[1:]], check=False,
+                           capture_output=True, text=True, timeout=120,
+                           cwd=self.root, **kw)
+        if check and r.returncode != 0:  # (CalledProcessError would hide why)
+            raise RuntimeError(f"{argv[0]} exited {r.returncode} as {self.user or 'this user'}: "
+                               f"{r.stdout[-1000:]}{r.stderr[-2000:]}")
+        return r
 
     def init(self) -> None:
         self._run("initdb", "-D", str(self.data), "--auth=trust", "-U", "qtune",
@@ -82,13 +87,24 @@ class Postgres:
 
 
 def _pg_user() -> str | None:
+    """The server's unprivileged user under root, created once.  The pg tier
+    runs four xdist workers, each with its own server: on a fresh machine two
+    of them created the user at once, and both initdb runs then failed with
+    "could not look up effective user ID 999: user does not exist" (CI at
+    fb9658d).  A lock across the workers makes one create it and the others
+    find it."""
     if os.geteuid() != 0:
         return None
-    try:
-        pwd.getpwnam(PG_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                        "/usr/sbin/nologin", PG_USER], check=True, capture_output=True)
+    with open(Path(tempfile.gettempdir()) / "qtune-pg-useradd.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            pwd.getpwnam(PG_USER)
+        except KeyError:
+            r = subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                                "/usr/sbin/nologin", PG_USER], capture_output=True, text=True)
+            if r.returncode not in (0, 9):  # 9: it exists
+                raise RuntimeError(f"useradd {PG_USER} exited {r.returncode}: {r.stderr}") from None
+            pwd.getpwnam(PG_USER)  # (KeyError if it is still not there)
     return PG_USER
 
 
