@@ -85,7 +85,8 @@ class Costs:
         at the winner's load on each fresh start, fail it and fall back to
         their own capacity.  A middle rung above a fallback that held far
         below (``CapacityPlan.refine``) is not priced: it runs only in the
-        confirmation's last run, when it ends before the budget does."""
+        confirmation's last run, when each config has one fresh start and it
+        ends before the budget does (``qtune.search.fresh.remeasure``)."""
         return self.confirm_probe_s if self.capacity else 0.0
 
 
