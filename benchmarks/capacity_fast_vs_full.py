@@ -11,10 +11,8 @@ first, the fast procedure with the first config's fast capacity as its floor
 costs one probe).  Each probe has prompts of its own; the server's prefix
 cache is emptied before each.
 
-Prints, per config: each procedure's capacity, bracket, interval (~[...):
-the bracket once the verdicts one window's luck could have turned are set
-aside), probes and measuring time; whether the fast answer lies in the full
-bracket and in the full interval; the time ratio.
+Prints, per config: each procedure's capacity, bracket, probes and measuring
+time; whether the fast answer lies in the full bracket; the time ratio.
 
 ``--control``: the full procedure runs again after the fast one (full, fast,
 full on each server), and the table says whether the second full answer
@@ -68,25 +66,17 @@ def run(url: str, model: str, tok: str, a: argparse.Namespace, plan: CapacityPla
           f"{wall:.0f} s (saved {d['saved_s']:.0f} s)"
           + (f" below {cap.below:g}" if cap.below is not None else "")
           + (f"; verdicts went either way in {list(cap.noise_band)}" if cap.noise_band else "")
-          + (f"; interval {ends(d['interval'])}" if d.get("interval") else "")
           + (f"; client loop late {max(lags):.0f} ms at most" if lags else ""),
           flush=True)
     return {"procedure": plan.procedure, "floor": plan.floor, "wall_s": wall, **d}
 
 
-def within(fast: dict[str, Any], full: dict[str, Any], key: str = "bracket") -> str:
-    """Whether ``fast``'s answer lies in ``full``'s bracket, or in its
-    interval (``CapacityResult.interval``: the bracket once the verdicts one
-    window's luck could have turned are set aside)."""
-    if not fast.get("found") or not full.get("found") or not full.get(key):
+def within(fast: dict[str, Any], full: dict[str, Any]) -> str:
+    if not fast.get("found") or not full.get("found"):
         return "n/a"
-    lo, hi = full[key]
-    ok = (lo is None or lo <= fast["value"]) and (hi is None or fast["value"] < hi)
+    lo, hi = full["bracket"]
+    ok = lo <= fast["value"] and (hi is None or fast["value"] < hi)
     return "yes" if ok else "NO"
-
-
-def ends(pair: list[float | None]) -> str:
-    return "[" + ", ".join("-" if v is None else format(v, "g") for v in pair) + ")"
 
 
 def main() -> int:
@@ -156,31 +146,27 @@ def main() -> int:
         def show(d: dict[str, Any]) -> str:
             if d.get("below") is not None:
                 return f"below {d['below']:g}"
-            return (f"{d['value']:g} {ends(d['bracket'])}"
-                    + (f" ~{ends(d['interval'])}" if d.get("interval") else "")
+            return (f"{d['value']:g} [{d['bracket'][0]:g}, "
+                    f"{'-' if d['bracket'][1] is None else format(d['bracket'][1], 'g')})"
                     if d.get("found") and d.get("bracket") else str(d.get("value", "-")))
 
         rows.append([str(i), json.dumps(params) if params else "defaults",
                      show(full), f"{full['probes']}", f"{full['probes_s']:.0f}",
                      show(fast), f"{fast['probes']}", f"{fast['probes_s']:.0f}",
-                     within(fast, full), within(fast, full, "interval"),
-                     f"{fast['probes_s'] / full['probes_s']:.2f}",
+                     within(fast, full), f"{fast['probes_s'] / full['probes_s']:.2f}",
                      (f"{show(floored)}: {floored['probes']} / {floored['probes_s']:.0f} s"
                       if floored else "-")]
                     + ([show(again), within(again, full), within(full, again),
-                        within(fast, again), within(again, full, "interval"),
-                        within(fast, again, "interval")] if again else
-                       ["-"] * 6 if controlled else []))
+                        within(fast, again)] if again else
+                       ["-"] * 4 if controlled else []))
         if a.json:  # after each config: a run cut short keeps what it measured
             a.json.write_text(json.dumps({"args": vars(a) | {"json": str(a.json)},
                                           "configs": out}, indent=1, default=str))
     print()
     print(table(["#", "config", "full", "probes", "s", "fast", "probes", "s",
-                 "fast in full bracket", "fast in full interval", "time fast/full",
-                 "fast with config 0 as floor"]
+                 "fast in full bracket", "time fast/full", "fast with config 0 as floor"]
                 + (["full again", "in full's bracket", "full in its bracket",
-                    "fast in its bracket", "in full's interval", "fast in its interval"]
-                   if controlled else []),
+                    "fast in its bracket"] if controlled else []),
                 rows))
     print(f"\nwall time {time.monotonic() - t_all:.0f} s")
     return 0

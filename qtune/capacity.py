@@ -63,7 +63,7 @@ from qtune.capacity_types import (
     CapacityResult,
     Probe,
 )
-from qtune.capacity_verdict import clear, judge_load
+from qtune.capacity_verdict import judge_load
 from qtune.errors import InputError
 from qtune.metrics import certain_failure, metric_value, slo_bounds
 from qtune.seeds import Phase
@@ -157,7 +157,7 @@ class _Search:
             unsent = max(n - done, 0)
             saved = unsent / x if self.by_rate else unsent * elapsed / max(done, 1)
         p = Probe(x, ok, why, kind, n or done, elapsed, s, remeasure=scale > 1,
-                  aborted=aborted, saved_s=saved, clear=clear(s, self.slos, ok, kind))
+                  aborted=aborted, saved_s=saved)
         if kind == "soft" and not again:
             # Near the knee the system is bistable and the first run after a
             # start is slow: on one H200 the defaults' very first probe read

@@ -10,7 +10,6 @@ dictionary (``CapacityResult.to_dict``).  The procedure that fills them,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,9 +113,6 @@ class Probe:
     aborted: bool = False  # stopped once its failure was certain
     saved_s: float = 0.0  # arrival time it did not need to spend, when aborted
     retried: bool = False  # a soft failure measured again: the re-run decided
-    # the window decided beyond its own luck (``capacity_verdict.clear``);
-    # None where no percentile's interval speaks
-    clear: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The probe as a capacity result lists it (its ``steps``)."""
@@ -139,10 +135,6 @@ class Probe:
             # verdict alone could not tell from an engine's failure.
             out["failed"] = s["failed"]
             out["errors"] = dict(s.get("errors") or {})
-        if self.clear is not None:
-            out["clear"] = self.clear
-        if s.get("ci95_ms"):
-            out["ci95_ms"] = s["ci95_ms"]
         if self.remeasure:
             out["remeasure"] = True
         if self.retried:
@@ -183,26 +175,6 @@ class Bracket:
     def failed_at(self, load: float) -> Probe | None:
         """The last probe at ``load`` that failed."""
         return next((p for p in reversed(self.probes) if not p.held and p.load == load), None)
-
-
-def clear_interval(verdicts: Iterable[tuple[float, bool, bool | None, bool]]
-                   ) -> tuple[float | None, float | None] | None:
-    """[highest load held clearly, lowest load failed clearly) over probes
-    given as (load, held, clear, retried): where the capacity lies once
-    every verdict one window's luck could have turned (``Probe.clear``
-    False) is set aside, and a soft failure measured again is no failure.
-    Wider than the bracket wherever a verdict near its ends was not clear:
-    it is the bracket the measurement itself supports, and two procedures
-    on one host agree when each one's answer lies in the other's interval.
-    None when no verdict is left."""
-    seen = list(verdicts)
-    failed = [load for load, held, clear, retried in seen
-              if not held and not retried and clear is not False]
-    hi = min(failed) if failed else None
-    held_ = [load for load, held, clear, _ in seen
-             if held and clear is not False and (hi is None or load < hi)]
-    lo = max(held_) if held_ else None
-    return None if lo is None and hi is None else (lo, hi)
 
 
 @dataclass
@@ -255,11 +227,6 @@ class CapacityResult:
             return None
         return min(failed), max(held)
 
-    @property
-    def interval(self) -> tuple[float | None, float | None] | None:
-        """The capacity's interval over this search's probes (``clear_interval``)."""
-        return clear_interval((p.load, p.held, p.clear, p.retried) for p in self.probes)
-
     def summary_at_value(self) -> dict[str, Any] | None:
         """The whole summary of the run that decided: the re-measure at the
         capacity, or the floor's probe of a config below it."""
@@ -282,8 +249,6 @@ class CapacityResult:
         for key in ("decided", "reason", "note", "below", "floor"):
             if (v := getattr(self, key)) is not None:
                 out[key] = v
-        if self.found and (iv := self.interval) is not None:
-            out["interval"] = list(iv)
         if (band := self.noise_band) is not None:
             out["noise_band"] = {"lowest_failed": band[0], "highest_held": band[1]}
         out["steps"] = [p.to_dict() for p in self.probes]

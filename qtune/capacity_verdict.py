@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from qtune.bench import falls_behind
-from qtune.metrics import metric_interval, metric_value
+from qtune.metrics import metric_value
 from qtune.objectives import SLO
 
 
@@ -47,35 +47,3 @@ def judge_load(s: dict[str, Any], slos: list[SLO],
     if behind is not None:
         return False, behind, "soft"
     return True, "SLO met, kept up", "ok"
-
-
-def clear(s: dict[str, Any], slos: list[SLO], held: bool, kind: str) -> bool | None:
-    """Whether the window decided its verdict beyond its own luck: a hold
-    whose every SLO percentile's 95% interval (``metric_interval``) lies
-    within its limit, a failure with one lying wholly past it.  A pile-up or
-    failed requests are clear failures; a soft one never is.  None where no
-    interval speaks (no latency SLO, or too few requests to draw one).
-
-    Near the knee one window decides by luck: on one H100 (run 25) the
-    defaults' TPOT p99 at 20 req/s read 12.6 to 20.9 ms over six windows
-    against a limit of 20, and a bracket drawn from such verdicts is finer
-    than the measurement.  The loads whose verdict was not clear are the
-    capacity's interval (``CapacityResult.interval``)."""
-    if kind == "soft":
-        return False
-    if not held and (s["completed"] == 0 or s["failed"] or s.get("saturated")):
-        # failed requests or a pile-up, not a percentile
-        return True
-    spoke = False
-    for slo in slos:
-        ci = metric_interval(s, slo.metric) if slo.op == "<=" else None
-        if ci is None:
-            continue
-        spoke = True
-        if held and ci[1] > slo.limit:
-            return False
-        if not held and ci[0] > slo.limit:
-            return True
-    if not spoke:
-        return None
-    return held

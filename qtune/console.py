@@ -135,15 +135,6 @@ def render_probe(d: dict[str, Any]) -> None:
         out.print("findings: none")
 
 
-def spread_text(iv: list[float | None] | tuple[float | None, float | None], unit: str) -> str:
-    """A capacity's interval (``qtune.capacity_types.clear_interval``) in words."""
-    lo, hi = iv
-    return (("nothing held clearly" if lo is None else f"held clearly {lo:g} {unit}")
-            + (", failed clearly at none above it" if hi is None
-               else f", failed clearly at {hi:g}")
-            + " (verdicts one window's luck could have turned set aside)")
-
-
 def _fmt(v: float | None, unit: str = "") -> str:
     if v is None or v != v:  # None, or NaN from a pandas table
         return "-"
@@ -372,8 +363,6 @@ def render_search_result(res: TuneResult) -> None:
             out.print(f"confirmed trial {n}{' (engine defaults)' if base else ''}: "
                       f"{load_txt} req/s held on {held} of {starts} fresh "
                       f"starts{asked} ({runs_txt})")
-            if c.get("interval"):
-                out.print("  interval: " + spread_text(c["interval"], "req/s"))
             continue
         out.print(f"confirmed trial {n}{' (engine defaults)' if base else ''}: "
                   f"median {_fmt(c['median'])} over "
@@ -568,8 +557,6 @@ def render_bench(res: dict[str, Any]) -> None:
             out.print(f"capacity under SLO: {c['value']:.3g} {c.get('unit', '')} "
                       f"(bracket {c['bracket'][0]:.3g} .. "
                       f"{'open' if hi is None else format(hi, '.3g')})")
-            if c.get("interval"):
-                out.print("  interval: " + spread_text(c["interval"], c.get("unit", "")))
             if c.get("decided"):
                 out.print(f"  decided: {c['decided']}")
             if c.get("window_s"):
@@ -833,8 +820,6 @@ def render_recommendation(rec: dict[str, Any]) -> None:
             held, failed = f["bracket"]
             out.print(Text(f"  bracket:   held {held:g} {f['unit']}, failed at "
                            + ("none above it" if failed is None else f"{failed:g}")))
-        if f.get("spread"):
-            out.print(Text("  interval:  " + spread_text(f["spread"], f["unit"])))
         if f.get("decided"):
             out.print(Text(printable(f"  decided:   {f['decided']}")))
     if rec.get("slo"):

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from qtune.load.client import RequestSample
-from qtune.stats import percentile_intervals
 
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -61,36 +60,7 @@ def summarize(samples: list[RequestSample], duration: float) -> dict[str, Any]:
         "itl_ms": _stats(x for s in ok for x in s.itl),
         "e2e_ms": _stats(s.e2e for s in ok if s.e2e is not None),
     }
-    if (ci := _intervals(ok)):
-        summary["ci95_ms"] = ci
     return summary
-
-
-# The latencies each request has one value of: the limits checkable on one
-# request (vLLM's --goodput keys), and the percentiles an interval is drawn
-# for (ITL has a value per token, and its tail is no SLO verdict here).
-_PER_REQUEST: dict[str, Callable[[RequestSample], float | None]] = {
-    "ttft": lambda s: s.ttft, "tpot": lambda s: s.tpot, "e2e": lambda s: s.e2e}
-
-
-def _intervals(ok: list[RequestSample]) -> dict[str, list[float]]:
-    """``{"tpot_p99": [lo, hi], ...}`` in ms: each per-request percentile's
-    95% interval over the window (``qtune.stats.percentile_intervals``), so
-    that a verdict can say whether one window decided it or luck could have
-    (``qtune.capacity_verdict.clear``)."""
-    in_order = sorted(ok, key=lambda s: s.start)
-    out: dict[str, list[float]] = {}
-    for name, get in _PER_REQUEST.items():
-        values = [v * 1000.0 for s in in_order if (v := get(s)) is not None]
-        for p, (lo, hi) in percentile_intervals(values, PERCENTILES).items():
-            out[f"{name}_p{p}"] = [lo, hi]
-    return out
-
-
-def metric_interval(summary: dict[str, Any], name: str) -> tuple[float, float] | None:
-    """A latency percentile's 95% interval over its window, when measured."""
-    ci = (summary.get("ci95_ms") or {}).get(name)
-    return (float(ci[0]), float(ci[1])) if ci else None
 
 
 def metric_value(summary: dict[str, Any], name: str) -> float | None:
@@ -125,6 +95,8 @@ def spec_acceptance(drafts: float, draft_tokens: float,
             "mean_acceptance_length": 1 + accepted / drafts}
 
 
+# Per-request limits checkable on one request (vLLM's --goodput keys).
+_PER_REQUEST = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e"}
 
 
 def goodput(
@@ -148,7 +120,7 @@ def goodput(
         if not s.ok:
             return False
         for base, lim in limits.items():
-            v = _PER_REQUEST[base](s)
+            v = s.ttft if base == "ttft" else s.e2e if base == "e2e" else s.tpot
             if base == "tpot" and v is None:
                 v = 0.0  # one output token: no decode time (vLLM's convention)
             if v is None or v > lim:

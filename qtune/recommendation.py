@@ -59,10 +59,6 @@ class Figure:
     # (failed None: nothing above it was tried, or failed).
     bracket: tuple[float, float | None] | None = None
     decided: str | None = None  # how the capacity search settled on it
-    # A capacity: [held clearly, failed clearly) over its search's and fresh
-    # starts' probes (qtune.capacity_types.clear_interval), None at an end
-    # no clear verdict set.
-    spread: tuple[float | None, float | None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,17 +346,13 @@ def recommend(study: optuna.Study) -> Recommendation:
     if isinstance(found, list) and found and found[0] is not None:
         held, failed = found[0], found[1]
         bracket = (float(held), None if failed is None else float(failed))
-    iv = conf.get("interval") or cap.get("interval")
-    spread = ((None if iv[0] is None else float(iv[0]), None if iv[1] is None else float(iv[1]))
-              if isinstance(iv, list) and len(iv) == 2 else None)
     runs = [str(r) for r in conf.get("runs") or [] if r]
     decided = "; on its fresh start" + ("s" if len(runs) > 1 else "") + ": " + \
         " / ".join(runs) if runs else ""
     figure = Figure(obj.run_metric if obj.name != "capacity" else "capacity", unit,
                     w, b, ratio, basis, interval,
                     why is None, why, bracket,
-                    (str(cap["decided"]) + decided) if cap.get("decided") else None,
-                    spread)
+                    (str(cap["decided"]) + decided) if cap.get("decided") else None)
     flags = launch_flags(best)
     slo_basis, slo_lines = _slo_lines(best, cap, conf, bracket, unit)
     # One sentence: the config's flags, the confirmation's why, the

@@ -36,34 +36,3 @@ def ratio_ci(a: list[float], b: list[float], seed: int = 0) -> dict[str, Any]:
     r = mb / np.where(ma == 0, np.nan, ma)
     return {"ratio": ratio, "ci95": [float(np.nanpercentile(r, 2.5)),
                                      float(np.nanpercentile(r, 97.5))]}
-
-
-# Resamples for a percentile's interval: at 1,000 the interval's ends move
-# by well under 1% between seeds, and a 1,100-request window's three
-# per-request metrics take a few milliseconds.
-_RESAMPLES = 1000
-
-
-def percentile_intervals(values: list[float], percentiles: tuple[int, ...],
-                         seed: int = 0) -> dict[int, tuple[float, float]]:
-    """A moving-block bootstrap 95% interval of each percentile of ``values``
-    (in the order the requests were sent), or {} under 20 values.
-
-    Blocks, not single requests: requests sent close together share the
-    server's batches, so their latencies rise and fall together, and a tail
-    made of one burst's requests is one event, not several.  A block of
-    about sqrt(n) consecutive requests keeps a burst whole (Kunsch's moving
-    blocks; a plain bootstrap would read a burst as independent luck and
-    draw too narrow an interval)."""
-    arr = np.asarray(values, dtype=float)
-    n = arr.size
-    if n < 20:
-        return {}
-    block = max(1, round(math.sqrt(n)))
-    k = -(-n // block)
-    rng = np.random.default_rng(seed)
-    starts = rng.integers(0, n - block + 1, size=(_RESAMPLES, k))
-    idx = (starts[:, :, None] + np.arange(block)).reshape(_RESAMPLES, -1)[:, :n]
-    boots = np.percentile(arr[idx], list(percentiles), axis=1)
-    return {p: (float(np.percentile(boots[i], 2.5)), float(np.percentile(boots[i], 97.5)))
-            for i, p in enumerate(percentiles)}

@@ -17,7 +17,6 @@ from qtune.capacity import (
     find_capacity,
     judge_load,
 )
-from qtune.capacity_types import Probe
 from qtune.load.workload import Workload
 from qtune.objectives import parse_slo
 from tests.fakes.queue import queue_server
@@ -506,59 +505,3 @@ def test_a_probe_step_keeps_what_its_failed_requests_said():
     assert step["failed"] == 2
     assert step["errors"] == {"ServerDisconnectedError: Server disconnected": 2}
     assert all("errors" not in st and "failed" not in st for st in cap.to_dict()["steps"])
-
-
-def _judged(tpot_p99: float, ci: tuple[float, float] | None, **extra: Any) -> dict[str, Any]:
-    """A probe's summary with a TPOT p99 and its interval over the window."""
-    s = {"completed": 500, "failed": 0, "saturated": False, "stopped_early": None,
-         "request_throughput": 20.0, "output_token_throughput": 5000.0,
-         "ttft_ms": {"p99": 200.0}, "tpot_ms": {"p99": tpot_p99},
-         "itl_ms": None, "e2e_ms": None, **extra}
-    if ci is not None:
-        s["ci95_ms"] = {"tpot_p99": list(ci), "ttft_p99": [150.0, 250.0]}
-    return s
-
-
-@pytest.mark.parametrize("tpot, ci, held, kind, expected", [
-    (15.0, (13.0, 17.0), True, "ok", True),     # the interval lies within 20
-    (18.8, (15.0, 21.0), True, "ok", False),    # luck could have failed it
-    (21.6, (19.2, 24.0), False, "hard", False),  # luck could have held it
-    (28.2, (24.0, 33.0), False, "hard", True),   # broken whatever the luck
-    (15.0, None, True, "ok", None),             # too few requests: no interval speaks
-    (15.0, (13.0, 17.0), False, "soft", False),  # a keeping-up signal is never clear
-])
-def test_a_verdict_is_clear_only_when_its_interval_lies_on_one_side(tpot, ci, held, kind,
-                                                                     expected):
-    from qtune.capacity_verdict import clear
-    slos = parse_slo("ttft_p99<=500ms,tpot_p99<=20ms")
-    assert clear(_judged(tpot, ci), slos, held, kind) is expected
-
-
-def test_a_pile_up_is_a_clear_failure_without_an_interval():
-    from qtune.capacity_verdict import clear
-    slos = parse_slo("tpot_p99<=20ms")
-    assert clear(_judged(15.0, None, saturated=True), slos, False, "hard") is True
-    assert clear(_judged(15.0, None, failed=3), slos, False, "hard") is True
-
-
-def test_the_interval_sets_aside_the_verdicts_luck_could_have_turned():
-    """Run 25's first full procedure on one H100, as probes: 18 held and
-    then failed its re-measure, 19 and 20 failed, each by less than one
-    window's luck; 24 failed and 16 held beyond it.  The bracket is [17, 18);
-    the interval, what the measurement supports, is [16, 24)."""
-    def probe(load: float, held: bool, clear: bool) -> Probe:
-        return Probe(load, held, "", "ok" if held else "hard", 400, 30.0,
-                     _judged(15.0, None), clear=clear)
-
-    probes = [probe(16, True, True), probe(24, False, True), probe(20, False, False),
-              probe(18, True, False), probe(19, False, False), probe(18, False, False),
-              probe(17, True, False)]
-    cap = CapacityResult(found=True, unit="req/s", procedure="full", tolerance=0.1,
-                         probes=probes, value=17, bracket=(17, 18))
-    assert cap.interval == (16, 24)
-    assert cap.to_dict()["interval"] == [16, 24]
-    assert cap.to_dict()["steps"][2]["clear"] is False
-    # every verdict clear: the interval is the bracket's ends
-    sure = [probe(p.load, p.held, True) for p in probes if p.load != 18 or p.held]
-    assert CapacityResult(found=True, unit="req/s", procedure="full", tolerance=0.1,
-                          probes=sure, value=18, bracket=(18, 19)).interval == (18, 19)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from qtune.load.client import RequestSample
-from qtune.metrics import metric_interval, metric_value, summarize
+from qtune.metrics import metric_value, summarize
 
 
 def ok(ttft: float, e2e: float, tokens: int, expected: int, itl=(), prompt=10):
@@ -169,45 +169,3 @@ def test_error_keys_are_capped():
     long_b = "x" * 80 + "b"
     s = summarize([failed(long_a), failed(long_b)], 1.0)
     assert s["errors"] == {"x" * 80: 2}
-
-
-def _window(tpot_ms: list[float]) -> list[RequestSample]:
-    """Requests sent 0.1 s apart with these TPOTs (10 output tokens)."""
-    return [RequestSample(start=i * 0.1, ttft=0.05, e2e=0.05 + 9 * t / 1000, itl=[],
-                          prompt_tokens=10, output_tokens=10, expected_output_tokens=10)
-            for i, t in enumerate(tpot_ms)]
-
-
-def test_a_window_gives_each_per_request_percentile_an_interval_around_it():
-    import random
-    rng = random.Random(3)
-    s = summarize(_window([10 + rng.expovariate(1.0) for _ in range(600)]), duration=60.0)
-    for name in ("ttft_p50", "tpot_p90", "tpot_p99", "e2e_p99"):
-        ci = metric_interval(s, name)
-        value = metric_value(s, name)
-        assert ci is not None and value is not None
-        assert ci[0] <= value + 1e-9 and value - 1e-9 <= ci[1]
-    lo, hi = metric_interval(s, "tpot_p99") or (0, 0)
-    assert hi > lo  # an exponential tail: the p99 is not pinned by 600 requests
-    assert metric_interval(s, "itl_p99") is None  # ITL: per token, not drawn
-
-
-def test_a_tail_made_of_one_burst_is_less_certain_than_the_same_tail_spread_out():
-    """The same 600 values: 12 slow requests in one burst, or spread over
-    the window.  A burst is one event (one crowded batch), and its p99 is
-    known less well; a bootstrap of single requests could not tell the two."""
-    slow, fast = [30.0] * 12, [10.0 + i % 7 for i in range(588)]
-    burst = fast[:300] + slow + fast[300:]
-    spread = [v for i in range(12) for v in ([slow[i]] + fast[49 * i:49 * (i + 1)])]
-    assert sorted(burst) == sorted(spread)
-
-    def width(values: list[float]) -> float:
-        lo, hi = metric_interval(summarize(_window(values), 60.0), "tpot_p99") or (0, 0)
-        return hi - lo
-
-    assert width(burst) > width(spread)
-
-
-def test_too_few_requests_draw_no_interval():
-    s = summarize(_window([10.0] * 19), duration=2.0)
-    assert "ci95_ms" not in s and metric_interval(s, "tpot_p99") is None

@@ -8,7 +8,6 @@ from typing import Any, cast
 
 import optuna
 
-from qtune.capacity_types import clear_interval
 from qtune.objectives import get_objective
 from qtune.params import JSONObject
 from qtune.search.budget import ConfirmationPlan, plan_confirmation
@@ -171,7 +170,6 @@ class _CapacityRuns:
         self.asked: dict[int, list[float]] = {r.number: [] for r in top}
         self.held: dict[int, list[float | None]] = {r.number: [] for r in top}
         self.at_held: dict[int, dict[float, JSONObject]] = {r.number: {} for r in top}
-        self.steps: dict[int, list[dict[str, Any]]] = {r.number: [] for r in top}
 
     def seen(self, r: TrialRecord, summary: JSONObject) -> bool:
         """Keep one run's outcome; False when it was no capacity run."""
@@ -182,7 +180,6 @@ class _CapacityRuns:
             return False
         self.verdicts[r.number].append(cap.get("decided") or cap.get("reason") or "")
         steps = cap.get("steps") or []
-        self.steps[r.number] += steps
         # (a soft failure measured again at the same load is no failure)
         self.failed_at[r.number] += [
             float(st["load"]) for i, st in enumerate(steps)
@@ -210,13 +207,6 @@ class _CapacityRuns:
         out: JSONObject = {"bracket": bracket, "runs": self.verdicts[n],
                            "asked": self.asked[n], "held": self.held[n],
                            "load": max(self.asked[n]) if self.asked[n] else first}
-        # The interval over every probe of the config, in its search and on
-        # its fresh starts, once the verdicts one window's luck could have
-        # turned are set aside (qtune.capacity_types.clear_interval).
-        if (iv := clear_interval((float(st["load"]), bool(st.get("ok")), st.get("clear"),
-                                  bool(st.get("retried")))
-                                 for st in [*steps, *self.steps[n]])) is not None:
-            out["interval"] = list(iv)
         # The SLO checks at the load the profile plans with, as a fresh start
         # measured them: on one H100 (run 24) the report read TPOT p99 15.2
         # ms "at 24 req/s" from the search while the profile planned at the
