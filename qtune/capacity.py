@@ -62,6 +62,7 @@ from qtune.capacity_types import (
     CapacityPlan,
     CapacityResult,
     Probe,
+    rate_load,
 )
 from qtune.capacity_verdict import judge_load
 from qtune.errors import InputError
@@ -228,7 +229,8 @@ class _Search:
         factor = 2.0
         if self.fast:
             factor = next(f for bound, f in GROWTH if (self.used(x) or 0.0) <= bound)
-        return x * factor if self.by_rate else float(max(x + 1, math.ceil(x * factor)))
+        return (rate_load(x * factor) if self.by_rate
+                else float(max(x + 1, math.ceil(x * factor))))
 
     def down(self, x: float) -> float:
         """The next load after a failure with nothing held yet: just under the
@@ -240,12 +242,12 @@ class _Search:
         served = last.get("request_throughput") or 0.0
         if self.fast and 0 < served < CLEAR_OVERLOAD * x and \
                 not last.get("stopped_early"):
-            return max(x / 4, UNDER_SERVED * served)
-        return x / 2
+            return rate_load(max(x / 4, UNDER_SERVED * served))
+        return rate_load(x / 2)
 
     def narrow_enough(self, lo: float, hi: float) -> bool:
-        if self.by_rate:  # (an epsilon: lo * 1.1 - lo is not exactly lo * 0.1)
-            return (hi - lo) / lo <= self.plan.tolerance + 1e-9
+        if self.by_rate:  # (loads have four digits, rate_load: 1.358 / 1.2345 > 1.1)
+            return (hi - lo) / lo <= self.plan.tolerance + 1e-3
         return hi - lo <= 1
 
     def mid(self, lo: float, hi: float) -> float:
@@ -258,7 +260,7 @@ class _Search:
         if self.fast and (self.used(lo) or 0.0) >= NEAR_LIMIT:
             near = lo * (1 + self.plan.tolerance) if self.by_rate else lo + 1
             m = min(m, near)
-        return m
+        return rate_load(m) if self.by_rate else m
 
     def bisect(self, lo: float, hi: float) -> tuple[float, float]:
         """Narrow [lo, hi) (lo held, hi did not) to the tolerance."""
@@ -454,14 +456,14 @@ class _Search:
         """``CapacityPlan.refine``: the load halfway between a fallback that
         held and the load that failed, when more than two tolerances apart
         and the deadline leaves twice the longest probe of this start (a soft
-        failure is measured again); four digits (not 1.5499999999999998)."""
+        failure is measured again); four digits (``rate_load``)."""
         longest = max((p.elapsed_s for p in self.b.probes), default=0.0)
         if not self.plan.refine or (self.plan.deadline is not None and
                                     time.monotonic() + 2 * longest > self.plan.deadline):
             return None
         if self.by_rate:
             wide = (failed - held) / held > 2 * self.plan.tolerance + 1e-9
-            return float(f"{(held + failed) / 2:.4g}") if wide else None
+            return rate_load((held + failed) / 2) if wide else None
         return float((held + failed) // 2) if failed - held > 2 else None
 
 

@@ -29,6 +29,12 @@ SUSTAINED_WINDOWS = 2.0
 FAST, FULL = "fast", "full"
 
 
+def rate_load(x: float) -> float:
+    """A rate a capacity search asks for, to four significant digits: steps
+    of 1.1x asked for 1.2100000000000002 req/s in a CPU search's JSON."""
+    return float(f"{x:.4g}")
+
+
 @dataclass(frozen=True)
 class CapacityPlan:
     """How one capacity search runs.

@@ -8,9 +8,12 @@ import dataclasses
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qtune.bench import BenchConfig
 from qtune.capacity import (
+    FAST,
     FULL,
     CapacityPlan,
     CapacityResult,
@@ -505,3 +508,14 @@ def test_a_probe_step_keeps_what_its_failed_requests_said():
     assert step["failed"] == 2
     assert step["errors"] == {"ServerDisconnectedError: Server disconnected": 2}
     assert all("errors" not in st and "failed" not in st for st in cap.to_dict()["steps"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(start=st.floats(0.1, 50), knee=st.floats(0.05, 200), fast=st.booleans())
+def test_every_load_a_search_asks_for_has_four_digits(start, knee, fast):
+    """Steps of 1.1x asked for 1.2100000000000002 req/s in a CPU search's
+    JSON: every load probed, in either procedure, is what a user would type."""
+    plan = CapacityPlan(start=start, procedure=FAST if fast else FULL)
+    cap, fn = run(lambda rate, n: rate <= knee, plan=plan, rate=start)
+    for p in cap.probes:  # (the start load is the user's, as given)
+        assert p.load == start or p.load == float(f"{p.load:.4g}")
