@@ -199,14 +199,22 @@ def plan_confirmation(cfg: TuneConfig, study: optuna.Study, direction: str,
     raise AssertionError("unreachable: the last plan is always taken")
 
 
+def study_end(cfg: TuneConfig, started: float) -> float | None:
+    """When the study must be done (``time.monotonic()``): its start plus
+    ``--time-budget``; None without one.  Every part of a study that plans
+    by the budget (the launch gate, a trial's deadline, the confirmation's
+    middle rung, the speculative phase) reads its end here."""
+    return None if cfg.time_budget is None else started + cfg.time_budget
+
+
 def over_budget(cfg: TuneConfig, study: optuna.Study, started: float,
                 reserve: ConfirmationPlan) -> str | None:
     """Why a new trial must not start (None: it may): a typical trial and
     the confirmation's reserve no longer fit in the budget."""
-    if cfg.time_budget is None:
+    if (end := study_end(cfg, started)) is None or cfg.time_budget is None:
         return None
     c = costs(study)
-    left = cfg.time_budget - (time.monotonic() - started)
+    left = end - time.monotonic()
     if c.next_s + reserve.seconds <= left:
         return None
     why = (f"time budget: {cfg.time_budget / 60:.3g} min, a trial takes "
@@ -231,6 +239,6 @@ class TrialBudget:
 def trial_budget(cfg: TuneConfig, started: float,
                  reserve: ConfirmationPlan) -> TrialBudget | None:
     """A trial's budget (None: no ``--time-budget``)."""
-    if cfg.time_budget is None:
+    if (end := study_end(cfg, started)) is None:
         return None
-    return TrialBudget(started + cfg.time_budget - reserve.seconds, not reserve.off)
+    return TrialBudget(end - reserve.seconds, not reserve.off)

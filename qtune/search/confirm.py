@@ -10,7 +10,7 @@ import optuna
 
 from qtune.objectives import get_objective
 from qtune.params import JSONObject
-from qtune.search.budget import ConfirmationPlan, plan_confirmation
+from qtune.search.budget import ConfirmationPlan, plan_confirmation, study_end
 from qtune.search.fresh import remeasure
 from qtune.search.inputs import Prepared
 from qtune.search.records import StudyAttr, TrialRecord, TrialStatus
@@ -81,7 +81,7 @@ def confirmation(prep: Prepared, study: optuna.Study, reporter: Reporter,
         return
     if plan.why:
         reporter.note(f"confirmation {plan.why}")
-    end = None if started is None or cfg.time_budget is None else started + cfg.time_budget
+    end = None if started is None else study_end(cfg, started)
     confirm_top(prep, study, reporter, plan.top, plan.repeats, end=end)
 
 

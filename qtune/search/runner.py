@@ -23,6 +23,7 @@ from qtune.search.budget import (
     TrialBudget,
     costs,
     over_budget,
+    study_end,
     trial_budget,
 )
 from qtune.search.config import TuneConfig
@@ -306,8 +307,7 @@ def _speculative(prep: Prepared, study: optuna.Study, reporter: Reporter,
                  started: float) -> None:
     """The speculative-decoding phase on the chosen base config
     (``qtune.search.speculative``), within what the time budget has left."""
-    left = (None if prep.cfg.time_budget is None
-            else prep.cfg.time_budget - (time.monotonic() - started))
+    left = None if (end := study_end(prep.cfg, started)) is None else end - time.monotonic()
     # --engine a,b: the phase runs on the chosen config's engine.
     engines = engines_of(prep)
     sub = engines.of_best(study)
