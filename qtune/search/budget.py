@@ -211,13 +211,13 @@ def over_budget(cfg: TuneConfig, study: optuna.Study, started: float,
                 reserve: ConfirmationPlan) -> str | None:
     """Why a new trial must not start (None: it may): a typical trial and
     the confirmation's reserve no longer fit in the budget."""
-    if (end := study_end(cfg, started)) is None or cfg.time_budget is None:
+    if (end := study_end(cfg, started)) is None:
         return None
     c = costs(study)
     left = end - time.monotonic()
     if c.next_s + reserve.seconds <= left:
         return None
-    why = (f"time budget: {cfg.time_budget / 60:.3g} min, a trial takes "
+    why = (f"time budget: {(end - started) / 60:.3g} min, a trial takes "
            f"~{c.next_s / 60:.1f} min" + (" (a start and one probe)" if c.capacity else ""))
     if reserve.seconds:
         why += f", and {reserve.seconds / 60:.1f} min are kept for the confirmation"
