@@ -8,6 +8,14 @@ difference between loads), with qtune's capacity probe (fresh prompts, the probe
 window, the early stop of a certain failure).  Prints each probe and, per load, how
 many held, with a Wilson 90% interval of the share.
 
+``--arrivals alternate``: at every load each round runs two probes, one with
+the send times of every other such probe (one arrival seed per load) and one
+with send times of its own (the prompts are fresh in both), their order
+alternated between rounds; per load it prints the spread of each SLO metric
+in either group and their variance ratio.  Where one window's verdict differs
+from the next's because its bursts differ, shared send times take that
+spread away; where it comes from the server's own state, they do not.
+
     python benchmarks/verdict_noise.py \\
         --params '{"max_num_seqs": 8, "VLLM_CPU_KVCACHE_SPACE": 4}' \\
         --loads 3,4,5 --repeats 5 --json out.json
@@ -16,8 +24,10 @@ many held, with a Wilson 90% interval of the share.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import statistics
 import sys
 import tempfile
 import time
@@ -28,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import launch, wait_until_alone  # noqa: E402
 
 from qtune.bench import BenchConfig, measure  # noqa: E402
-from qtune.capacity import FAST, CapacityPlan, _Search  # noqa: E402
+from qtune.capacity import FAST, FULL, CapacityPlan, _Search  # noqa: E402
 from qtune.engines.vllm import VLLM  # noqa: E402
 from qtune.load.workload import Workload  # noqa: E402
 from qtune.metrics import metric_value  # noqa: E402
@@ -57,6 +67,12 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--slo", default="e2e_p99<=3000ms")
     ap.add_argument("--window", type=float, default=20.0)
+    ap.add_argument("--arrivals", choices=("fresh", "same", "alternate"), default="fresh",
+                    help="send times: each probe its own (fresh), one pattern per "
+                         "load (same), or both in turn (alternate)")
+    ap.add_argument("--whole", action="store_true",
+                    help="no early stop of a certain failure: every probe runs its "
+                         "whole window, so every one gives the metrics' spread")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     loads = [float(x) for x in a.loads.split(",")]
@@ -74,22 +90,51 @@ def main() -> int:
                           capacity_window=a.window, metric_names=eng.metric_names(),
                           reset_paths=eng.cache_reset_paths(), gauge_interval=None)
         search = _Search(spec.base_url, spec.served_model, cfg,
-                         CapacityPlan(start=loads[0], procedure=FAST), None, measure)
+                         CapacityPlan(start=loads[0], procedure=FULL if a.whole else FAST),
+                         None, measure)
         t0 = time.monotonic()
+        slos = [m.metric for m in cfg.slo]
         for r in range(a.repeats):
             for x in loads:
-                held = search.probe(x, again=True)  # one verdict per probe: no re-run
-                p = search.b.probes[-1]
-                s = p.summary
-                row = {"round": r, "load": x, "held": held, "why": p.why,
-                       "t_s": round(time.monotonic() - t0, 1),
-                       "requests_done": s.get("completed"),
-                       "stopped_early": s.get("stopped_early"),
-                       "e2e_p99_ms": metric_value(s, "e2e_p99")}
-                rows.append(row)
-                print(f"{row['t_s']:7.0f} s  round {r}  load {x:g}  "
-                      f"{'held' if held else 'failed'}  {p.why[:90]}", flush=True)
+                modes = {"fresh": ["fresh"], "same": ["same"],
+                         "alternate": ["same", "fresh"] if r % 2 else ["fresh", "same"]}
+                for mode in modes[a.arrivals]:
+                    # one arrival seed per load, beside every probe's prompt seed
+                    arrivals = 777_000 + int(x * 1000) if mode == "same" else None
+                    search.cfg = dataclasses.replace(
+                        cfg, workload=dataclasses.replace(wl, _arrival_seed=arrivals))
+                    held = search.probe(x, again=True)  # one verdict per probe: no re-run
+                    p = search.b.probes[-1]
+                    s = p.summary
+                    row = {"round": r, "load": x, "arrivals": mode, "held": held,
+                           "why": p.why, "t_s": round(time.monotonic() - t0, 1),
+                           "requests_done": s.get("completed"),
+                           "stopped_early": s.get("stopped_early"),
+                           "e2e_p99_ms": metric_value(s, "e2e_p99"),
+                           **{f"{m}_ms": metric_value(s, m) for m in slos}}
+                    rows.append(row)
+                    print(f"{row['t_s']:7.0f} s  round {r}  load {x:g}  {mode:5s}  "
+                          f"{'held' if held else 'failed'}  "
+                          + "  ".join(f"{m} {row[f'{m}_ms'] or float('nan'):.1f}"
+                                      for m in slos)
+                          + f"  {p.why[:70]}", flush=True)
     print()
+    if a.arrivals == "alternate":
+        for x in loads:
+            for m in slos:
+                # only whole windows: an early stop cut the tail the metric reads
+                groups = {mode: [float(row[f"{m}_ms"]) for row in rows  # type: ignore[arg-type]
+                                 if row["load"] == x and row["arrivals"] == mode
+                                 and row[f"{m}_ms"] is not None and not row["stopped_early"]]
+                          for mode in ("same", "fresh")}
+                sd = {k: statistics.stdev(v) if len(v) > 1 else float("nan")
+                      for k, v in groups.items()}
+                ratio = (sd["fresh"] / sd["same"]) ** 2 if sd["same"] else float("inf")
+                print(f"load {x:g} {m}: same arrivals sd {sd['same']:.2f} ms over "
+                      f"{len(groups['same'])} ({', '.join(f'{v:.1f}' for v in groups['same'])}); "
+                      f"fresh sd {sd['fresh']:.2f} ms over {len(groups['fresh'])} "
+                      f"({', '.join(f'{v:.1f}' for v in groups['fresh'])}); "
+                      f"variance fresh/same {ratio:.2f}")
     for x in loads:
         k = sum(1 for row in rows if row["load"] == x and row["held"])
         n = sum(1 for row in rows if row["load"] == x)

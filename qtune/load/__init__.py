@@ -118,7 +118,7 @@ async def _phase(
     source: RequestSource,
     count: int | None,
     duration: float | None,
-    seed: int,
+    arrival_seed: int,
     phase: str,
     progress: ProgressFn | None,
     max_inflight: int | None,
@@ -163,7 +163,7 @@ async def _phase(
     async def drive() -> None:
         nonlocal stopped
         if wl.rate is not None:
-            gap = inter_arrivals(wl, random.Random(seed))
+            gap = inter_arrivals(wl, random.Random(arrival_seed))
             if count is not None and duration is None and wl.arrival != "constant":
                 gap = _normalised(gap, count, wl.rate)
             next_at = t0
@@ -268,7 +268,8 @@ async def run_load(
                 RequestSource, wl, tokenizer, seeds.warmup(wl.seed))
             warm, _, _ = await _phase(
                 session, url, model, wl, warm_source, wl.warmup_requests,
-                None, seeds.warmup(wl.seed), "warm-up", progress, None, fields=request_fields,
+                None, seeds.warmup(wl.arrivals_seed), "warm-up", progress, None,
+                fields=request_fields,
             )
         warmup_s = time.perf_counter() - w0
         cache_reset = (await _reset_prefix_cache(session, base_url, reset_paths)
@@ -285,7 +286,8 @@ async def run_load(
             async with lag:
                 samples, duration, stopped = await _phase(
                     session, url, model, wl, source, wl.requests, wl.duration,
-                    wl.seed, "measure", progress, max_inflight, watch, fields=request_fields,
+                    wl.arrivals_seed, "measure", progress, max_inflight, watch,
+                    fields=request_fields,
                 )
             server = await watcher.stop() if watcher else None
         finally:

@@ -140,6 +140,11 @@ class Workload:
     _lengths: tuple[Lengths, Lengths] = field(
         default=(Lengths("fixed", 1), Lengths("fixed", 1)), repr=False, compare=False
     )
+    # Where the send times come from, when not from ``seed`` (the prompts'):
+    # a capacity search's probes share one arrival pattern per load, so that
+    # two probes of one load differ in their prompts, not in their bursts
+    # (``qtune.capacity``).  Not a user's key: no file or flag sets it.
+    _arrival_seed: int | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Types first: a workload file's "rate: fast" or "requests: 1.5" must
@@ -230,6 +235,11 @@ class Workload:
             load_dataset(dataset_file(self.dataset))
 
     @property
+    def arrivals_seed(self) -> int:
+        """The seed of the measured phase's send times."""
+        return self.seed if self._arrival_seed is None else self._arrival_seed
+
+    @property
     def input_lengths(self) -> Lengths:
         return self._lengths[0]
 
@@ -254,6 +264,7 @@ class Workload:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("_lengths")
+        d.pop("_arrival_seed")
         # Timeouts at their defaults are left out, so that a study begun
         # before they existed still resumes (it compares workload dicts).
         for name, default in (("request_timeout", DEFAULT_REQUEST_TIMEOUT),

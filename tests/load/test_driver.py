@@ -184,6 +184,29 @@ def test_poisson_is_open_loop_and_reproducible():
     assert a.max_in_flight >= 2
 
 
+def test_an_arrival_seed_keeps_the_send_times_and_not_the_prompts():
+    """A workload's arrival seed fixes when requests are sent and leaves what
+    they send to its prompt seed: two probes of one load that share their
+    bursts still meet no cached prompt.  It is no user's key."""
+    rate, n = 40.0, 12
+
+    def run(seed: int, arrivals: int | None) -> dict[str, float]:
+        rec = Recorder(first=0.08, gap=0.005, tokens=2)
+        load(rec, wl(rate=rate, requests=n, seed=seed, _arrival_seed=arrivals))
+        return _schedule(rec)
+
+    a, b, c = run(7, 99), run(8, 99), run(8, None)
+    assert a.keys().isdisjoint(b.keys())  # fresh prompts
+    sa, sb, sc = sorted(a.values()), sorted(b.values()), sorted(c.values())
+    # the same send times (server arrivals; a late one may be late alone) ...
+    assert sum(abs(x - y) > 0.03 for x, y in zip(sa, sb, strict=True)) <= 1
+    # ... and without the arrival seed, the prompt seed's own
+    assert sum(abs(x - y) > 0.03 for x, y in zip(sb, sc, strict=True)) > 1
+    w = wl(rate=rate, seed=3, _arrival_seed=5)
+    assert w.arrivals_seed == 5 and wl(rate=rate, seed=3).arrivals_seed == 3
+    assert "_arrival_seed" not in w.to_dict() and "_arrival_seed" not in Workload.keys()
+
+
 # --- warm-up ---------------------------------------------------------------
 
 

@@ -214,8 +214,15 @@ def test_levels_share_one_server_per_config(fake, tmp_path):
     for p in points:
         own = next(t for t in launched if t.number == p.server_of)
         assert p.params == own.params and p.log == own.log
-        # Four streams against one: more requests per second on the same server.
-        assert own.values[0] > 1.5 * p.values[0]
+        # Four streams against one, read by Little's law (requests in flight =
+        # completed x mean E2E / duration): what ran, not how fast.  A
+        # throughput ratio here failed CI once (4 streams 11.3 req/s, 1 stream
+        # 60.7) while xdist workers and PostgreSQL shared 2 cores.
+        def in_flight(t):  # noqa: ANN001, ANN202
+            s = t.summary
+            return s["completed"] * s["e2e_ms"]["mean"] / 1000 / s["duration_s"]
+
+        assert 2.5 < in_flight(own) <= 4.05 and 0.5 < in_flight(p) <= 1.05
     picked = tune(dataclasses.replace(cfg, pick=points[0].number))
     prof = Profile.load(picked.profile_path)
     assert prof.workload["concurrency"] == 1
