@@ -47,9 +47,14 @@ from qtune.objectives import parse_slo  # noqa: E402
 
 
 def run(url: str, model: str, tok: str, a: argparse.Namespace, plan: CapacityPlan,
-        seed: int) -> dict[str, Any]:
+        seed: int, arrivals: int) -> dict[str, Any]:
+    # Each search its own prompts (its seed; a probe's is the seed plus its
+    # number, so the seeds are 100 apart) and, unless --own-arrivals, the
+    # send times every search on the server shares, as configs in one study
+    # share theirs (qtune.capacity).
     wl = Workload(input_len=a.input_len, output_len=a.output_len, rate=a.rate,
-                  requests=a.requests, warmup_requests=a.warmup, seed=seed)
+                  requests=a.requests, warmup_requests=a.warmup, seed=seed,
+                  _arrival_seed=None if a.own_arrivals else arrivals)
     eng = VLLM()
     cfg = BenchConfig(urls=[url], workload=wl, model=model, tokenizer=Path(tok),
                       slo=parse_slo(a.slo), capacity_window=a.window,
@@ -101,6 +106,9 @@ def main() -> int:
                          "full): does the full procedure agree with itself?  Alone: on "
                          "every config; with indices ('0' or '0,2'): on those only, "
                          "where device time is short")
+    ap.add_argument("--own-arrivals", action="store_true",
+                    help="each search sends on a schedule of its own (before 2026-12-07 "
+                         "qtune drew the send times from the prompts' seed)")
     ap.add_argument("--server-nice", type=int, default=None,
                     help="the server's autogroup nice (Linux): on a host where the "
                          "server and this client share the cores, 10 keeps the "
@@ -126,17 +134,17 @@ def main() -> int:
             order = (FULL, FAST) if i % 2 == 0 or control else (FAST, FULL)
             res = {p: run(spec.base_url, spec.served_model, tok, a,
                           CapacityPlan(start=a.rate, tolerance=a.tolerance, procedure=p),
-                          seed=1000 * i + k)
+                          seed=1000 * i + 100 * k, arrivals=1000 * i + 999)
                    for k, p in enumerate(order)}
             again = (run(spec.base_url, spec.served_model, tok, a,
                          CapacityPlan(start=a.rate, tolerance=a.tolerance, procedure=FULL),
-                         seed=1000 * i + 5) if control else None)
+                         seed=1000 * i + 500, arrivals=1000 * i + 999) if control else None)
             floored = None
             if incumbent is not None and not a.no_floor:
                 floored = run(spec.base_url, spec.served_model, tok, a,
                               CapacityPlan(start=a.rate, floor=incumbent,
                                            tolerance=a.tolerance, floor_of="config 0"),
-                              seed=1000 * i + 7)
+                              seed=1000 * i + 700, arrivals=1000 * i + 999)
         if i == 0 and res[FAST].get("found"):
             incumbent = float(res[FAST]["value"])
         full, fast = res[FULL], res[FAST]

@@ -24,7 +24,6 @@ spread away; where it comes from the server's own state, they do not.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import statistics
@@ -99,10 +98,10 @@ def main() -> int:
                 modes = {"fresh": ["fresh"], "same": ["same"],
                          "alternate": ["same", "fresh"] if r % 2 else ["fresh", "same"]}
                 for mode in modes[a.arrivals]:
-                    # one arrival seed per load, beside every probe's prompt seed
-                    arrivals = 777_000 + int(x * 1000) if mode == "same" else None
-                    search.cfg = dataclasses.replace(
-                        cfg, workload=dataclasses.replace(wl, _arrival_seed=arrivals))
+                    # the send times' base (qtune.capacity: one per search): one
+                    # per load, or one per probe; the prompts are the probe's own
+                    search.arrival_base = (777_000 + int(x * 1000) if mode == "same"
+                                           else 900_000 + len(search.b.probes))
                     held = search.probe(x, again=True)  # one verdict per probe: no re-run
                     p = search.b.probes[-1]
                     s = p.summary

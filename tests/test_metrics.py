@@ -8,6 +8,8 @@ neighbours), not by calling numpy.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qtune.load.client import RequestSample
 from qtune.metrics import metric_value, summarize
@@ -169,3 +171,70 @@ def test_error_keys_are_capped():
     long_b = "x" * 80 + "b"
     s = summarize([failed(long_a), failed(long_b)], 1.0)
     assert s["errors"] == {"x" * 80: 2}
+
+
+# --- keeping up: a queue that grows, not a schedule that sends more ---------
+
+
+def _stable(rates: tuple[float, float, float], third_s: float, service_s: float,
+            seed: int) -> list[RequestSample]:
+    """Poisson sends at ``rates`` over three thirds of ``third_s`` each, every
+    request served in ``service_s`` (a server with room for all: no queue)."""
+    import random
+
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    for k, rate in enumerate(rates):
+        end = (k + 1) * third_s
+        while True:
+            t += rng.expovariate(rate)
+            if t >= end:
+                t = end
+                break
+            out.append(RequestSample(start=t, ttft=0.05, e2e=service_s, output_tokens=8))
+    return out
+
+
+def _queue(rate: float, window_s: float, slots: int, service_s: float) -> list[RequestSample]:
+    """Evenly spaced sends into ``slots`` servers of ``service_s`` each, in
+    order (first come, first served): above slots / service_s req/s the wait
+    grows with every request."""
+    free = [0.0] * slots
+    out = []
+    for i in range(int(rate * window_s)):
+        t = i / rate
+        k = min(range(slots), key=free.__getitem__)
+        begin = max(t, free[k])
+        free[k] = begin + service_s
+        out.append(RequestSample(start=t, ttft=begin - t + 0.05, e2e=free[k] - t,
+                                 output_tokens=8))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), more=st.floats(1.0, 1.5), rate=st.floats(10, 40))
+def test_a_schedule_that_sends_more_late_is_no_growing_queue(seed, more, rate):
+    """A server with room for every request keeps up whatever the schedule
+    sends in the last third: the time a request spends in it does not grow.
+    (Read as requests in flight, 1.2-1.26x more sends in the last third read
+    "queue growing" on one H100, down to 16 req/s with a capacity of 17-20.)"""
+    from qtune.bench import falls_behind
+    from qtune.metrics import keeps_up
+
+    samples = _stable((rate, rate, rate * more), 10.0, 3.0, seed)
+    k = keeps_up(samples, rate)
+    assert k["held_growth"] == pytest.approx(1.0, abs=0.25)
+    assert not (falls_behind({"keeps_up": k, "ttft_ms": {"p50": 50.0}}, rate) or "") \
+        .startswith("queue growing")
+
+
+@pytest.mark.parametrize("over", [1.3, 1.6, 2.0])
+def test_a_queue_that_grows_is_seen_whatever_the_sends(over):
+    """An overload: the time in the server grows third by third."""
+    from qtune.bench import falls_behind
+    from qtune.metrics import keeps_up
+
+    slots, service = 40, 2.0  # serves 20 req/s
+    k = keeps_up(_queue(20.0 * over, 30.0, slots, service), 20.0 * over)
+    assert k["held_growth"] > 1.3 and k["sent_last"] == pytest.approx(k["sent_mid"], abs=1)
+    assert falls_behind({"keeps_up": k, "ttft_ms": {"p50": 50.0}}, 20.0 * over) is not None
