@@ -49,12 +49,12 @@ from qtune.objectives import parse_slo  # noqa: E402
 def run(url: str, model: str, tok: str, a: argparse.Namespace, plan: CapacityPlan,
         seed: int, arrivals: int) -> dict[str, Any]:
     # Each search its own prompts (its seed; a probe's is the seed plus its
-    # number, so the seeds are 100 apart) and, unless --own-arrivals, the
-    # send times every search on the server shares, as configs in one study
-    # share theirs (qtune.capacity).
+    # number, so the seeds are 100 apart) and, as qtune sends them, send
+    # times of each probe's own; with --shared-arrivals every probe on the
+    # server sends on one schedule (scaled to its load), re-measures too.
     wl = Workload(input_len=a.input_len, output_len=a.output_len, rate=a.rate,
                   requests=a.requests, warmup_requests=a.warmup, seed=seed,
-                  _arrival_seed=None if a.own_arrivals else arrivals)
+                  _arrival_seed=arrivals if a.shared_arrivals else None)
     eng = VLLM()
     cfg = BenchConfig(urls=[url], workload=wl, model=model, tokenizer=Path(tok),
                       slo=parse_slo(a.slo), capacity_window=a.window,
@@ -106,9 +106,9 @@ def main() -> int:
                          "full): does the full procedure agree with itself?  Alone: on "
                          "every config; with indices ('0' or '0,2'): on those only, "
                          "where device time is short")
-    ap.add_argument("--own-arrivals", action="store_true",
-                    help="each search sends on a schedule of its own (before 2026-12-07 "
-                         "qtune drew the send times from the prompts' seed)")
+    ap.add_argument("--shared-arrivals", action="store_true",
+                    help="every probe on a server sends on one schedule, scaled to its "
+                         "load (common random numbers; qtune gives each probe its own)")
     ap.add_argument("--server-nice", type=int, default=None,
                     help="the server's autogroup nice (Linux): on a host where the "
                          "server and this client share the cores, 10 keeps the "

@@ -27,9 +27,8 @@ reading calls "queue growing" (``qtune.bench.HELD_GROWTH_MAX``).
 
 Each ``--run NAME=PATH:PROC=SEED,...`` names which seed each procedure's
 search ran with (``capacity_fast_vs_full.py`` before 2026-12-07: 1000 x
-config + its turn).  For runs before 2026-12-07 only: since then a search's
-probes send on one schedule of their own seed (``qtune.seeds.Phase.ARRIVALS``),
-not on their prompts'.
+config + its turn; since 2026-12-07, 1000 x config + 100 x its turn).  A
+run with ``--shared-arrivals`` sent on another seed: not for this script.
 """
 
 from __future__ import annotations

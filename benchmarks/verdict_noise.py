@@ -24,6 +24,7 @@ spread away; where it comes from the server's own state, they do not.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -98,10 +99,11 @@ def main() -> int:
                 modes = {"fresh": ["fresh"], "same": ["same"],
                          "alternate": ["same", "fresh"] if r % 2 else ["fresh", "same"]}
                 for mode in modes[a.arrivals]:
-                    # the send times' base (qtune.capacity: one per search): one
-                    # per load, or one per probe; the prompts are the probe's own
-                    search.arrival_base = (777_000 + int(x * 1000) if mode == "same"
-                                           else 900_000 + len(search.b.probes))
+                    # one arrival seed per load, or the probe's own (its prompt
+                    # seed's); the prompts are the probe's own either way
+                    arrivals = 777_000 + int(x * 1000) if mode == "same" else None
+                    search.cfg = dataclasses.replace(
+                        cfg, workload=dataclasses.replace(wl, _arrival_seed=arrivals))
                     held = search.probe(x, again=True)  # one verdict per probe: no re-run
                     p = search.b.probes[-1]
                     s = p.summary

@@ -39,8 +39,9 @@ probe (twice the window) at a capacity found earlier, on a fresh start, and
 when it does not hold, one at the plan's ``fallback`` on the same start; with
 ``refine``, when that held far below, one more halfway between them.
 
-Elsewhere: a probe's verdict (``qtune.capacity_verdict``), the plan, probe,
-bracket and result types (``qtune.capacity_types``).
+The parts apart from the procedure: a probe's verdict
+(``qtune.capacity_verdict``) and the plan, probe, bracket and result types
+(``qtune.capacity_types``).
 """
 
 from __future__ import annotations
@@ -70,8 +71,10 @@ from qtune.seeds import Phase
 
 # What the rest of qtune imports from here (the plan, result and verdict
 # live in their own modules; these paths are the ones callers use).
-__all__ = ["FAST", "FULL", "SUSTAINED_WINDOWS", "WINDOW_SERVICE_TIMES", "CapacityPlan",
-           "CapacityResult", "find_capacity", "judge_load", "run_capacity"]
+__all__ = [
+    "FAST", "FULL", "SUSTAINED_WINDOWS", "WINDOW_SERVICE_TIMES", "CapacityPlan",
+    "CapacityResult", "find_capacity", "judge_load", "run_capacity",
+]
 
 Progress = Callable[[str], None]
 
@@ -112,17 +115,14 @@ class _Search:
         self.service_s: float | None = None
         self.b = Bracket()
         self.fast = plan.procedure == FAST
-        # One schedule of sends for every probe (scaled to its load) and every
-        # config's search: near the knee the verdict follows the send times
-        # (benchmarks/results/verdict-by-schedule-20261207).  Prompts stay fresh.
-        self.arrival_base = wl.arrivals_seed
 
     # -- one probe --------------------------------------------------------
 
     def requests_for(self, x: float, scale: float) -> int | None:
         wl = self.cfg.workload
-        return (max(math.ceil(x * self.window * scale), wl.requests or 0) if self.by_rate
-                else wl.requests)
+        if not self.by_rate:
+            return wl.requests
+        return max(math.ceil(x * self.window * scale), wl.requests or 0)
 
     def probe(self, x: float, scale: float = 1.0, again: bool = False) -> bool:
         wl = self.cfg.workload
@@ -130,9 +130,7 @@ class _Search:
         # a probe that re-sent an earlier probe's prompts would find them in
         # the prefix cache: each draws from a seed of its own
         seed = seeds.seed(wl.seed, Phase.PROBE, len(self.b.probes) + 1)
-        arrivals = seeds.seed(self.arrival_base, Phase.ARRIVALS, int(scale > 1))
-        w = (dataclasses.replace(wl, rate=x, requests=n, duration=None, seed=seed,
-                                 _arrival_seed=arrivals)
+        w = (dataclasses.replace(wl, rate=x, requests=n, duration=None, seed=seed)
              if self.by_rate else dataclasses.replace(wl, concurrency=int(x), seed=seed))
         if self.progress:
             self.progress(f"capacity: trying {'rate' if self.by_rate else 'concurrency'} "
@@ -162,10 +160,11 @@ class _Search:
         p = Probe(x, ok, why, kind, n or done, elapsed, s, remeasure=scale > 1,
                   aborted=aborted, saved_s=saved)
         if kind == "soft" and not again:
-            # Near the knee the first run after a start is slow: on one H200
-            # the defaults' first probe read "queue growing" (32.5 -> 43.3) at
-            # a load they then served.  A soft failure is measured again (fresh
-            # prompts, the same send times) and decides only if it repeats.
+            # Near the knee the system is bistable and the first run after a
+            # start is slow: on one H200 the defaults' very first probe read
+            # "queue growing" (32.5 -> 43.3) at a load they then served.  A
+            # soft failure is measured again, with fresh prompts, and decides
+            # only if it repeats.
             p.why += "; measured again"
             p.retried = True
             self.b.probes.append(p)
@@ -209,7 +208,8 @@ class _Search:
         held = next(p for p in reversed(self.b.probes) if p.held and p.load == lo)
         return self.result(found=True, value=lo, bracket=(lo, hi), at_value=held,
                            decided=f"{lo:g} {self.unit} held once"
-                           + (f", {hi:g} did not" if hi is not None else ""), note=note)
+                           + (f", {hi:g} did not" if hi is not None else ""),
+                           note=note)
 
     # -- the procedure ----------------------------------------------------
 

@@ -44,9 +44,6 @@ class Phase(IntEnum):
     SPECULATIVE = 5  # the speculative A/B rounds; index: the round
     VERIFY = 6  # qtune verify's rounds, the same on every side; index: the round
     CHECK = 7  # qtune check's runs against a deployed server; index: the run
-    # A capacity search's send times (not prompts): one pattern for every
-    # probe, scaled to its load; index 1: its re-measures' (qtune.capacity)
-    ARRIVALS = 8
 
 
 def seed(base: int, phase: Phase, index: int = 0) -> int:

@@ -115,33 +115,6 @@ def test_capacity_probes_never_reuse_prompts():
     assert cap.at_value.requests >= 2 * 4 * 20 * 0.9
 
 
-@settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**31), knee=st.floats(5, 60), fast=st.booleans())
-def test_every_probe_of_a_search_shares_its_send_times_and_not_its_prompts(seed, knee, fast):
-    """Common random numbers: every probe of one search (and every config's
-    search on one seed) sends on one schedule, its re-measures on another;
-    the prompts are each probe's own.  Near the knee a verdict follows the
-    send times: on one H100 (runs 25-26) probes on one schedule agreed in 10
-    of 12 verdicts, on schedules of their own in 16 of 36."""
-    plan = CapacityPlan(start=4, procedure=FAST if fast else FULL)
-    cap, fn = run(lambda rate, n: rate <= knee, plan=plan, seed=seed)
-    one = {w.arrivals_seed for w, _ in fn.calls[:1]}
-    by_window: dict[bool, set[int]] = {}
-    for (w, _), probe in zip(fn.calls, cap.probes, strict=True):
-        by_window.setdefault(probe.remeasure, set()).add(w.arrivals_seed)
-    assert all(len(v) == 1 for v in by_window.values())  # one schedule per kind
-    assert by_window[False] == one
-    if True in by_window:
-        assert by_window[True] != by_window[False]  # a re-measure has its own
-    assert len({w.seed for w, _ in fn.calls}) == len(fn.calls)  # fresh prompts
-    # another search on the same seed (another config in the study) sends the same
-    _, again = run(lambda rate, n: rate <= knee / 2, plan=plan, seed=seed)
-    assert {w.arrivals_seed for w, _ in again.calls[:1]} == one
-    # and one on another seed (a confirmation round) sends its own
-    _, other = run(lambda rate, n: rate <= knee, plan=plan, seed=seed + 1)
-    assert {w.arrivals_seed for w, _ in other.calls[:1]} != one
-
-
 def test_a_soft_failure_is_measured_again_before_it_decides():
     """The first probe after a start, or one near the knee, can read "queue
     growing" by transient or noise (one H200: the defaults' first probe at 16

@@ -9,7 +9,7 @@
 # fvf_run.sh runs it, on the same machine.  Usage as trialcost_run.sh:
 #   noise_run.sh copy N | start | fvf | wait
 # LOADS (default 20), ROUNDS (default 8), PARAMS (default {}) on "start"; CONFIGS and
-# CONTROL on "fvf" as in fvf_run.sh.
+# CONTROL on "fvf" as in fvf_run.sh, and FVF_ARGS (e.g. --shared-arrivals).
 set -u
 . "$(dirname "$0")/chain_lib.sh"
 vllm_recipe_init
@@ -42,11 +42,11 @@ fvf)
   configs=${CONFIGS:-}; [ -n "$configs" ] || configs="[{}, $run13_winner]"
   printf '%s' "$configs" > $Q/cfg.json
   echo 'CONFIGS=$(cat /tmp/qt/cfg.json)' > $Q/chain.sh
-  echo "CONTROL='${CONTROL:-}'" >> $Q/chain.sh
+  echo "CONTROL='${CONTROL:-}'; FVF_ARGS='${FVF_ARGS:-}'" >> $Q/chain.sh
   cat >> $Q/chain.sh <<'EOC'
 cd /tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-vllm/bin/python
 s=$(date +%s)
-$PY benchmarks/capacity_fast_vs_full.py --model examples/qwen3-4b --configs "$CONFIGS" \
+$PY benchmarks/capacity_fast_vs_full.py $FVF_ARGS --model examples/qwen3-4b --configs "$CONFIGS" \
   --input-len 1024 --output-len 256 --rate 16 --requests 400 --warmup 160 \
   --slo 'ttft_p99<=500ms,tpot_p99<=20ms' --no-floor ${CONTROL:+--control $CONTROL} --json $Q/fvf.json > $Q/fvf.txt 2>&1
 echo "fvf rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
