@@ -45,19 +45,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from qtune import seeds  # noqa: E402
 from qtune.bench import HELD_GROWTH_MAX  # noqa: E402
+from qtune.load import _normalised, inter_arrivals  # noqa: E402
+from qtune.load.workload import Workload  # noqa: E402
 from qtune.seeds import Phase  # noqa: E402
 
 
 def send_times(seed: int, rate: float, n: int) -> list[float]:
-    """What ``qtune.load`` sends for a count-bound Poisson probe."""
-    rng = random.Random(seed)
-    gaps = [rng.expovariate(rate) for _ in range(n)]
-    scale = (n / rate) / sum(gaps)
-    out, t = [], 0.0
-    for g in gaps:
-        out.append(t)
-        t += g * scale
-    return out
+    """What ``qtune.load`` sends for a count-bound Poisson probe: its own
+    gaps (``inter_arrivals``), rescaled as it rescales them (``_normalised``),
+    the first request at 0."""
+    gap = _normalised(inter_arrivals(Workload(rate=rate, requests=n), random.Random(seed)),
+                      n, rate)
+    return list(itertools.accumulate((gap() for _ in range(n - 1)), initial=0.0))
 
 
 def peak(ts: list[float], span: float) -> int:

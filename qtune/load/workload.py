@@ -141,9 +141,10 @@ class Workload:
         default=(Lengths("fixed", 1), Lengths("fixed", 1)), repr=False, compare=False
     )
     # Where the send times come from, when not from ``seed`` (the prompts'):
-    # a capacity search's probes share one arrival pattern per load, so that
-    # two probes of one load differ in their prompts, not in their bursts
-    # (``qtune.capacity``).  Not a user's key: no file or flag sets it.
+    # probes that share their bursts and not their prompts, for the
+    # benchmarks that measure how much a verdict follows the send times
+    # (verdict_noise.py, capacity_fast_vs_full.py --shared-arrivals).  qtune's
+    # own phases leave it None.  Not a user's key: no file or flag sets it.
     _arrival_seed: int | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-# Sourced by the device scripts (device_run.sh, capacity_run.sh, sglang_run.sh,
+# Sourced by the device scripts (device_run.sh, capacity_run.sh, sglang_run.sh, noise_run.sh,
 # engines_run.sh, trialcost_run.sh, fvf_run.sh).  The chain they write to $Q/chain.sh
 # runs in its own session (setsid), so it outlives the call that started it; each
 # call then waits for it up to $LIMIT seconds (a call may run 600 s).
@@ -77,4 +77,26 @@ install_vllm_venv() {
   $venv/bin/python -c "import vllm, torch, optuna; print('vllm', vllm.__version__, 'torch', torch.__version__, 'optuna', optuna.__version__)" 2>&1 | grep -v -i warn | tail -1
   $venv/bin/python -m qtune probe > $Q/probe.txt 2>&1; echo "probe rc=$?"
   nvidia-smi -L
+}
+# fvf_chain JSON CONSOLE: write the chain that runs benchmarks/capacity_fast_vs_full.py
+# with issue 27's workload (fvf_run.sh's "start", noise_run.sh's "fvf"): $CONFIGS (JSON
+# launch params; default the engine defaults and run 13's winner), $CONTROL and $FVF_ARGS
+# as that script takes them; its JSON to $Q/JSON, its console to $Q/CONSOLE.  The configs
+# travel in a file (run 14's first chain start lost them to quoting: the '}' of '{}' ends
+# a ${VAR:-default} expansion).
+fvf_chain() {
+  local run13_winner='{"max_num_seqs": 442, "max_num_batched_tokens": 4096, "stream_interval": 1, "max_cudagraph_capture_size": 256}'
+  local configs=${CONFIGS:-}; [ -n "$configs" ] || configs="[{}, $run13_winner]"
+  printf '%s' "$configs" > $Q/cfg.json
+  echo 'CONFIGS=$(cat /tmp/qt/cfg.json)' > $Q/chain.sh
+  echo "CONTROL='${CONTROL:-}'; FVF_ARGS='${FVF_ARGS:-}'; OUT_JSON='$1'; OUT_TXT='$2'" >> $Q/chain.sh
+  cat >> $Q/chain.sh <<'EOC'
+cd /tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-vllm/bin/python
+s=$(date +%s)
+$PY benchmarks/capacity_fast_vs_full.py $FVF_ARGS --model examples/qwen3-4b --configs "$CONFIGS" \
+  --input-len 1024 --output-len 256 --rate 16 --requests 400 --warmup 160 \
+  --slo 'ttft_p99<=500ms,tpot_p99<=20ms' --no-floor ${CONTROL:+--control $CONTROL} --json $Q/$OUT_JSON > $Q/$OUT_TXT 2>&1
+echo "fvf rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
+touch $Q/DONE
+EOC
 }

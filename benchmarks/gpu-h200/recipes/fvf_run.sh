@@ -15,22 +15,7 @@ copy)
   copy_part "$2"; exit 0 ;;
 start)
   install_vllm_venv
-  # the configs travel in a file (run 14's first chain start lost them to quoting:
-  # the '}' of '{}' ends a ${VAR:-default} expansion)
-  run13_winner='{"max_num_seqs": 442, "max_num_batched_tokens": 4096, "stream_interval": 1, "max_cudagraph_capture_size": 256}'
-  configs=${CONFIGS:-}; [ -n "$configs" ] || configs="[{}, $run13_winner]"
-  printf '%s' "$configs" > $Q/cfg.json
-  echo 'CONFIGS=$(cat /tmp/qt/cfg.json)' > $Q/chain.sh
-  echo "CONTROL='${CONTROL:-}'" >> $Q/chain.sh
-  cat >> $Q/chain.sh <<'EOC'
-cd /tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-vllm/bin/python
-s=$(date +%s)
-$PY benchmarks/capacity_fast_vs_full.py --model examples/qwen3-4b --configs "$CONFIGS" \
-  --input-len 1024 --output-len 256 --rate 16 --requests 400 --warmup 160 \
-  --slo 'ttft_p99<=500ms,tpot_p99<=20ms' --no-floor ${CONTROL:+--control $CONTROL} --json $Q/result.json > $Q/console.txt 2>&1
-echo "fvf rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
-touch $Q/DONE
-EOC
+  fvf_chain result.json console.txt
   start_chain
   ;;
 esac

@@ -38,20 +38,7 @@ fvf)
   # the repo as this call carries it; the venv the "start" call installed
   date +%s > $Q/t0; rm -f $Q/DONE
   rm -rf /tmp/qrepo/benchmarks /tmp/qrepo/qtune && cp -r qtune benchmarks /tmp/qrepo/
-  run13_winner='{"max_num_seqs": 442, "max_num_batched_tokens": 4096, "stream_interval": 1, "max_cudagraph_capture_size": 256}'
-  configs=${CONFIGS:-}; [ -n "$configs" ] || configs="[{}, $run13_winner]"
-  printf '%s' "$configs" > $Q/cfg.json
-  echo 'CONFIGS=$(cat /tmp/qt/cfg.json)' > $Q/chain.sh
-  echo "CONTROL='${CONTROL:-}'; FVF_ARGS='${FVF_ARGS:-}'" >> $Q/chain.sh
-  cat >> $Q/chain.sh <<'EOC'
-cd /tmp/qrepo; Q=/tmp/qt; PY=/tmp/venv-vllm/bin/python
-s=$(date +%s)
-$PY benchmarks/capacity_fast_vs_full.py $FVF_ARGS --model examples/qwen3-4b --configs "$CONFIGS" \
-  --input-len 1024 --output-len 256 --rate 16 --requests 400 --warmup 160 \
-  --slo 'ttft_p99<=500ms,tpot_p99<=20ms' --no-floor ${CONTROL:+--control $CONTROL} --json $Q/fvf.json > $Q/fvf.txt 2>&1
-echo "fvf rc=$? wall_s=$(( $(date +%s)-s ))" >> $Q/chain.log
-touch $Q/DONE
-EOC
+  fvf_chain fvf.json fvf.txt
   start_chain
   ;;
 esac
