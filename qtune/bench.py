@@ -340,7 +340,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> JSONObject:
 # completions over the window's last two thirds at least this share of the
 # offered rate (less a Poisson allowance of 2.5 standard deviations on short
 # windows), and no queue growing from the middle third to the last: the time
-# in the server (requests in flight per request sent) up by more than this
+# in the server (mean over the requests sent in a third) up by more than this
 # factor while the requests in flight rise by at least this many.  An
 # overload of 10% grows the backlog by 0.1 x rate x window: over a
 # 10-service-time window, by at least a third of what a stable server holds.
@@ -370,8 +370,9 @@ def falls_behind(s: Mapping[str, JSONValue], offered: float | None) -> str | Non
     g = k.get("held_growth")
     if g is not None and g > HELD_GROWTH_MAX and \
             k["held_last"] - k["held_mid"] >= HELD_GROWTH_MIN_REQUESTS:
-        sent = (f", {g:.2f}x per request sent ({k['sent_mid']:.0f} -> "
-                f"{k['sent_last']:.0f} sends)" if k.get("sent_mid") else "")
+        sent = (f", {g:.2f}x the time a request spends in the server "
+                f"({k['sent_mid']:.0f} -> {k['sent_last']:.0f} sends)"
+                if k.get("sent_mid") else f", {g:.2f}x the time in the server")
         return (f"queue growing: {k['held_mid']:.1f} -> {k['held_last']:.1f} "
                 f"requests in flight from the middle to the last third{sent}")
     tg = k.get("ttft_growth")
