@@ -12,7 +12,9 @@ costs one probe).  Each probe has prompts of its own; the server's prefix
 cache is emptied before each.
 
 Prints, per config: each procedure's capacity, bracket, probes and measuring
-time; whether the fast answer lies in the full bracket; the time ratio.
+time; whether the fast answer lies in the full bracket, and whether the two
+searches' 90% intervals read from every verdict overlap (``from_verdicts``);
+the time ratio.
 
 ``--control``: the full procedure runs again after the fast one (full, fast,
 full on each server), and the table says whether the second full answer
@@ -82,6 +84,15 @@ def within(fast: dict[str, Any], full: dict[str, Any]) -> str:
     lo, hi = full["bracket"]
     ok = lo <= fast["value"] and (hi is None or fast["value"] < hi)
     return "yes" if ok else "NO"
+
+
+def overlap(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """Do two searches' 90% intervals read from every verdict overlap
+    (qtune.stats.capacity_from_verdicts; benchmarks/capacity_posterior.py)?"""
+    ia, ib = ((d.get("from_verdicts") or {}).get("ci90") for d in (a, b))
+    if not ia or not ib:
+        return "n/a"
+    return "yes" if max(ia[0], ib[0]) <= min(ia[1], ib[1]) else "NO"
 
 
 def main() -> int:
@@ -161,7 +172,8 @@ def main() -> int:
         rows.append([str(i), json.dumps(params) if params else "defaults",
                      show(full), f"{full['probes']}", f"{full['probes_s']:.0f}",
                      show(fast), f"{fast['probes']}", f"{fast['probes_s']:.0f}",
-                     within(fast, full), f"{fast['probes_s'] / full['probes_s']:.2f}",
+                     within(fast, full), overlap(fast, full),
+                     f"{fast['probes_s'] / full['probes_s']:.2f}",
                      (f"{show(floored)}: {floored['probes']} / {floored['probes_s']:.0f} s"
                       if floored else "-")]
                     + ([show(again), within(again, full), within(full, again),
@@ -172,7 +184,8 @@ def main() -> int:
                                           "configs": out}, indent=1, default=str))
     print()
     print(table(["#", "config", "full", "probes", "s", "fast", "probes", "s",
-                 "fast in full bracket", "time fast/full", "fast with config 0 as floor"]
+                 "fast in full bracket", "90% intervals overlap", "time fast/full",
+                 "fast with config 0 as floor"]
                 + (["full again", "in full's bracket", "full in its bracket",
                     "fast in its bracket"] if controlled else []),
                 rows))

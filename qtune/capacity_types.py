@@ -16,6 +16,7 @@ from typing import Any
 from qtune.bench import KEY_METRICS
 from qtune.metrics import metric_value
 from qtune.options import DEFAULT_TOLERANCE
+from qtune.stats import VerdictCapacity, capacity_from_verdicts
 
 # A load is an answer only once it held over this many windows: the answer's
 # re-measure in a trial and the confirmation's probe on a fresh start.  Near
@@ -233,6 +234,14 @@ class CapacityResult:
             return None
         return min(failed), max(held)
 
+    @property
+    def from_verdicts(self) -> VerdictCapacity | None:
+        """The capacity read from every probe's verdict as a noisy one, with
+        its 90% interval (qtune.stats.capacity_from_verdicts); a soft failure
+        measured again counts as its re-run."""
+        return capacity_from_verdicts([(p.load, p.held) for p in self.probes
+                                       if not p.retried])
+
     def summary_at_value(self) -> dict[str, Any] | None:
         """The whole summary of the run that decided: the re-measure at the
         capacity, or the floor's probe of a config below it."""
@@ -257,6 +266,8 @@ class CapacityResult:
                 out[key] = v
         if (band := self.noise_band) is not None:
             out["noise_band"] = {"lowest_failed": band[0], "highest_held": band[1]}
+        if (v := self.from_verdicts) is not None:
+            out["from_verdicts"] = v.to_dict()
         out["steps"] = [p.to_dict() for p in self.probes]
         out["probes"] = len(self.probes)
         out["probes_s"] = round(self.probes_s, 3)

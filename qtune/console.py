@@ -23,6 +23,7 @@ from rich.text import Text as _RichText
 
 from qtune.errors import QtuneError, clip, mask_url, printable, redact
 from qtune.metrics import overload_text
+from qtune.stats import VerdictCapacity
 
 if TYPE_CHECKING:
     from qtune.search.records import TrialRecord
@@ -360,9 +361,11 @@ def render_search_result(res: TuneResult) -> None:
                 held = len(c.get("fresh") or [])
                 starts = held + c.get("failures", 0)
                 load_txt = _fmt(load)
+            v = VerdictCapacity.from_dict(c.get("from_verdicts"))
             out.print(f"confirmed trial {n}{' (engine defaults)' if base else ''}: "
                       f"{load_txt} req/s held on {held} of {starts} fresh "
-                      f"starts{asked} ({runs_txt})")
+                      f"starts{asked} ({runs_txt})"
+                      + (f"; capacity {v.text('req/s')}" if v else ""))
             continue
         out.print(f"confirmed trial {n}{' (engine defaults)' if base else ''}: "
                   f"median {_fmt(c['median'])} over "
@@ -559,6 +562,8 @@ def render_bench(res: dict[str, Any]) -> None:
                       f"{'open' if hi is None else format(hi, '.3g')})")
             if c.get("decided"):
                 out.print(f"  decided: {c['decided']}")
+            if (v := VerdictCapacity.from_dict(c.get("from_verdicts"))) is not None:
+                out.print(f"  every probe's verdict as a noisy one: {v.text(c.get('unit', ''))}")
             if c.get("window_s"):
                 out.print(f"  each probe ran at least {c['window_s']:.0f} s of arrivals "
                           f"(10 service times of {_fmt((c.get('service_s') or 0) * 1000)} ms,"
@@ -820,6 +825,8 @@ def render_recommendation(rec: dict[str, Any]) -> None:
             held, failed = f["bracket"]
             out.print(Text(f"  bracket:   held {held:g} {f['unit']}, failed at "
                            + ("none above it" if failed is None else f"{failed:g}")))
+        if (v := VerdictCapacity.from_dict(f.get("from_verdicts"))) is not None:
+            out.print(Text(f"  verdicts:  {v.text(f['unit'])}"))
         if f.get("decided"):
             out.print(Text(printable(f"  decided:   {f['decided']}")))
     if rec.get("slo"):

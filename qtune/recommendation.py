@@ -40,6 +40,7 @@ from qtune.search.records import (
     ran_trials,
 )
 from qtune.search.result import baseline_for, winner
+from qtune.stats import VerdictCapacity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +60,9 @@ class Figure:
     # (failed None: nothing above it was tried, or failed).
     bracket: tuple[float, float | None] | None = None
     decided: str | None = None  # how the capacity search settled on it
+    # A capacity read from every window's verdict (the search's and the
+    # confirmation's fresh starts'), with its 90% interval.
+    from_verdicts: VerdictCapacity | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,7 +356,9 @@ def recommend(study: optuna.Study) -> Recommendation:
     figure = Figure(obj.run_metric if obj.name != "capacity" else "capacity", unit,
                     w, b, ratio, basis, interval,
                     why is None, why, bracket,
-                    (str(cap["decided"]) + decided) if cap.get("decided") else None)
+                    (str(cap["decided"]) + decided) if cap.get("decided") else None,
+                    VerdictCapacity.from_dict(conf.get("from_verdicts")
+                                              or cap.get("from_verdicts")))
     flags = launch_flags(best)
     slo_basis, slo_lines = _slo_lines(best, cap, conf, bracket, unit)
     # One sentence: the config's flags, the confirmation's why, the

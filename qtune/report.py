@@ -259,6 +259,9 @@ def recommendation_html(rec: Recommendation) -> str:
             how = f"; {html.escape(f.decided)}" if f.decided else ""
             items.append(f"<li><b>Capacity bracket</b>: held {f.bracket[0]:g} {f.unit}, "
                          f"failed at {top}{how}</li>")
+        if f.from_verdicts is not None:
+            items.append("<li><b>Capacity from every window's verdict</b>: "
+                         f"{html.escape(f.from_verdicts.text(f.unit))}</li>")
     if rec.slo:
         basis = f" ({html.escape(rec.slo_basis)})" if rec.slo_basis else ""
         items.append(f"<li><b>SLO</b>{basis}: {html.escape('; '.join(rec.slo))}</li>")

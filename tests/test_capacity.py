@@ -519,3 +519,16 @@ def test_every_load_a_search_asks_for_has_four_digits(start, knee, fast):
     cap, fn = run(lambda rate, n: rate <= knee, plan=plan, rate=start)
     for p in cap.probes:  # (the start load is the user's, as given)
         assert p.load == start or p.load == float(f"{p.load:.4g}")
+
+
+def test_a_search_reads_its_capacity_from_every_verdict_with_an_interval():
+    """Every probe's verdict, read as a noisy one (qtune.stats.capacity_from_
+    verdicts), gives the capacity with a 90% interval that a flip near the
+    knee moves a little, where it moves the bracket a rung."""
+    cap, _ = run(lambda rate, n: rate <= 8 or (rate <= 9 and n == 1))
+    v = cap.to_dict()["from_verdicts"]
+    lo, hi = v["ci90"]
+    assert lo <= v["median"] <= hi and v["windows"] == sum(not p.retried for p in cap.probes)
+    assert lo <= cap.value and hi >= cap.bracket[1] * 0.95
+    # a search that never failed has no interval: nothing bounds it above
+    assert "from_verdicts" not in run(lambda rate, n: True)[0].to_dict()

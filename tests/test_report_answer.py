@@ -518,6 +518,17 @@ def test_the_slo_line_reads_the_load_the_profile_plans_with(monkeypatch):
     assert rec.slo_basis == "its fresh start at 16 req/s"
     assert rec.slo == ["tpot_p99 14.1 ms against <= 20 ms (70% of the limit), the closest",
                        "ttft_p99 90.5 ms against <= 500 ms (18% of the limit)"]
+    # every window's verdict, the search's 7 and the fresh start's 2, read
+    # as noisy ones: 24 held once and failed once, so the capacity lies
+    # between the 16 held on the fresh start and the 27 that failed
+    v = rec.figure.from_verdicts
+    assert v is not None and v.windows == 9 and 16.0 < v.low < v.median < 27.0 < v.high * 1.1
+    import qtune.console as console
+
+    buf = io.StringIO()
+    monkeypatch.setattr(console, "out", type(console.out)(file=buf, width=200))
+    console.render_recommendation(rec.to_dict())
+    assert f"verdicts:  {v.text('req/s')}" in buf.getvalue()
 
 
 def test_the_first_screen_says_a_capacity_as_the_profile_has_it(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from qtune.search.inputs import Prepared
 from qtune.search.records import StudyAttr, TrialRecord, TrialStatus
 from qtune.search.reporter import Reporter
 from qtune.seeds import Phase
-from qtune.stats import bootstrap_median
+from qtune.stats import bootstrap_median, capacity_from_verdicts
 
 
 def confirmation_plan(prep: Prepared, study: optuna.Study, *,
@@ -170,6 +170,8 @@ class _CapacityRuns:
         self.asked: dict[int, list[float]] = {r.number: [] for r in top}
         self.held: dict[int, list[float | None]] = {r.number: [] for r in top}
         self.at_held: dict[int, dict[float, JSONObject]] = {r.number: {} for r in top}
+        # (load, held) of every window of its fresh starts that decided
+        self.windows: dict[int, list[tuple[float, bool]]] = {r.number: [] for r in top}
 
     def seen(self, r: TrialRecord, summary: JSONObject) -> bool:
         """Keep one run's outcome; False when it was no capacity run."""
@@ -185,6 +187,7 @@ class _CapacityRuns:
             float(st["load"]) for i, st in enumerate(steps)
             if not st.get("ok") and not any(later.get("ok") and later["load"] == st["load"]
                                             for later in steps[i + 1:])]
+        self.windows[r.number] += _decided(steps)
         if steps:
             self.asked[r.number].append(float(steps[0]["load"]))
             self.held[r.number].append(float(cap["value"]) if cap.get("found") else None)
@@ -213,7 +216,19 @@ class _CapacityRuns:
         # 16 its fresh start held, where vLLM's client read 15.9 ms.
         if bracket[0] is not None and (checks := self.at_held[n].get(float(bracket[0]))):
             out["at_held"] = {"load": bracket[0], "checks": checks}
+        # The capacity read from every window's verdict, the search's and the
+        # fresh starts': an interval that a verdict going the other way near
+        # the knee moves, where it moves the bracket a whole rung.
+        if (v := capacity_from_verdicts([*_decided(steps), *self.windows[n]])) is not None:
+            out["from_verdicts"] = v.to_dict()
         return out
+
+
+def _decided(steps: list[Any]) -> list[tuple[float, bool]]:
+    """(load, held) of each step of a capacity record that decided (a soft
+    failure measured again counts as its re-run)."""
+    return [(float(st["load"]), bool(st.get("ok"))) for st in steps
+            if isinstance(st, dict) and not st.get("retried")]
 
 
 def confirmed_bracket(search: list[float | None], fresh: list[float],

@@ -221,3 +221,28 @@ def test_the_h200_engines_study_reads_vllm_best_and_sglang_not_separated(tmp_pat
         "baseline_trial": 0, "baseline_value": 27.5, "bracket": [27.5, 30.0], "vs_best": 1.0}
     assert rows["sglang"]["bracket"] == [20.0, 30.0] and rows["sglang"]["separated"] is False
     assert "not separated from it: failed only at 30" in summary_lines(list(rows.values()))[1]
+
+
+def test_a_confirmation_reads_the_capacity_from_the_search_s_and_the_fresh_starts_verdicts():
+    """The search's probes and the fresh start's windows, read together as
+    noisy verdicts: the fresh start's failure at the search's answer moves
+    the interval down, and the entry keeps it for the report."""
+    from types import SimpleNamespace
+
+    from qtune.search.confirm import _CapacityRuns
+    from qtune.stats import capacity_from_verdicts
+
+    search = {"found": True, "value": 27.5, "bracket": [27.5, 30.0], "steps": [
+        {"load": 16.0, "ok": True}, {"load": 32.0, "ok": False}, {"load": 24.0, "ok": True},
+        {"load": 28.0, "ok": False, "retried": True}, {"load": 28.0, "ok": True},
+        {"load": 30.0, "ok": False}, {"load": 27.5, "ok": True}]}
+    runs = _CapacityRuns([SimpleNamespace(number=0)])  # type: ignore[list-item]
+    fresh = {"capacity": {"found": True, "value": 25.0, "decided": "failed 27.5, held 25",
+                          "steps": [{"load": 27.5, "ok": False}, {"load": 25.0, "ok": True}]}}
+    assert runs.seen(SimpleNamespace(number=0), fresh)  # type: ignore[arg-type]
+    view = runs.view(0, search, [25.0], 27.5)
+    alone = capacity_from_verdicts([(16, True), (32, False), (24, True), (28, True),
+                                    (30, False), (27.5, True)])
+    both = view["from_verdicts"]
+    assert alone is not None and both["windows"] == alone.windows + 2
+    assert both["median"] < alone.median and both["ci90"][0] < min(alone.low, 27.5)
