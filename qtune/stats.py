@@ -70,16 +70,22 @@ class VerdictCapacity:
 
     @classmethod
     def from_dict(cls, d: Any) -> VerdictCapacity | None:
-        """What ``to_dict`` wrote, or None for anything else (a study of a
-        qtune that wrote none)."""
+        """What ``to_dict`` wrote, or None for anything else: a study of a
+        qtune that wrote none, or a study file that says what no fit gives
+        (it is read as untrusted data)."""
+        if not isinstance(d, dict):
+            return None
         try:
             if "ci90" in d:  # to_dict's
                 lo, hi = d["ci90"]
             else:  # a Recommendation's (dataclasses.asdict)
                 lo, hi = d["low"], d["high"]
-            return cls(float(d["median"]), float(lo), float(hi), int(d["windows"]))
-        except (KeyError, TypeError, ValueError):
+            v = cls(float(d["median"]), float(lo), float(hi), int(d["windows"]))
+        except (KeyError, TypeError, ValueError, OverflowError):
             return None
+        ok = all(math.isfinite(x) and x > 0 for x in (v.median, v.low, v.high)) \
+            and v.low <= v.median <= v.high and v.windows >= 2
+        return v if ok else None
 
 
 def capacity_from_verdicts(verdicts: Sequence[tuple[float, bool]]) -> VerdictCapacity | None:

@@ -82,3 +82,22 @@ def test_the_interval_holds_the_true_capacity_about_as_often_as_it_says():
     assert n > 250
     assert inside / n >= 0.8, (inside, n)
     assert in_bracket / n < inside / n - 0.2, (in_bracket, inside, n)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.sampled_from(["median", "ci90", "low", "high", "windows", "x"]),
+                      inner, max_size=6),
+    max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values)
+def test_a_study_file_s_verdict_capacity_is_read_or_refused_never_raised(d):
+    """A study file is untrusted: whatever it holds where a capacity's
+    interval belongs, reading it gives a finite, ordered interval or None."""
+    v = VerdictCapacity.from_dict(d)
+    if v is not None:
+        assert 0 < v.low <= v.median <= v.high < math.inf and v.windows >= 2
+        assert VerdictCapacity.from_dict(v.to_dict()) == v
