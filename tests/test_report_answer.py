@@ -6,6 +6,7 @@ retry that replaced them; strict JSON."""
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import re
@@ -529,6 +530,9 @@ def test_the_slo_line_reads_the_load_the_profile_plans_with(monkeypatch):
     monkeypatch.setattr(console, "out", type(console.out)(file=buf, width=200))
     console.render_recommendation(rec.to_dict())
     assert f"verdicts:  {v.text('req/s')}" in buf.getvalue()
+    from qtune.report import recommendation_html
+
+    assert f"verdict</b>: {html.escape(v.text('req/s'))}</li>" in recommendation_html(rec)
 
 
 def test_the_first_screen_says_a_capacity_as_the_profile_has_it(tmp_path, monkeypatch):
