@@ -340,8 +340,9 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> JSONObject:
 # completions over the window's last two thirds at least this share of the
 # offered rate (less a Poisson allowance of 2.5 standard deviations on short
 # windows), and no queue growing from the middle third to the last: the time
-# in the server (mean over the requests sent in a third) up by more than this
-# factor while the requests in flight rise by at least this many.  An
+# in the server up by more than this factor read both ways (per request
+# served, and requests in flight per request sent: qtune.metrics.keeps_up
+# says why both) while the requests in flight rise by at least this many.  An
 # overload of 10% grows the backlog by 0.1 x rate x window: over a
 # 10-service-time window, by at least a third of what a stable server holds.
 SERVED_MIN = 0.9
@@ -368,11 +369,12 @@ def falls_behind(s: Mapping[str, JSONValue], offered: float | None) -> str | Non
         return (f"served {k['served_share'] * offered:.2f} of {offered:.2f} "
                 "req/s over the arrival window")
     g = k.get("held_growth")
-    if g is not None and g > HELD_GROWTH_MAX and \
+    gs = k.get("held_growth_per_send")
+    if g is not None and g > HELD_GROWTH_MAX and (gs is None or gs > HELD_GROWTH_MAX) and \
             k["held_last"] - k["held_mid"] >= HELD_GROWTH_MIN_REQUESTS:
-        sent = (f", {g:.2f}x the time a request spends in the server "
-                f"({k['sent_mid']:.0f} -> {k['sent_last']:.0f} sends)"
-                if k.get("sent_mid") else f", {g:.2f}x the time in the server")
+        sent = (f", the time in the server {g:.2f}x per request served and {gs:.2f}x per "
+                f"request sent ({k['sent_mid']:.0f} -> {k['sent_last']:.0f} sends)"
+                if gs is not None else f", {g:.2f}x the time in the server")
         return (f"queue growing: {k['held_mid']:.1f} -> {k['held_last']:.1f} "
                 f"requests in flight from the middle to the last third{sent}")
     tg = k.get("ttft_growth")

@@ -131,6 +131,7 @@ class Probe:
             "elapsed_s": round(self.elapsed_s, 3),
             "window_s": k.get("window_s"), "served_share": k.get("served_share"),
             "held_growth": k.get("held_growth"),
+            "held_growth_per_send": k.get("held_growth_per_send"),
             "prefix_cache_hit_rate": (s.get("server") or {}).get("prefix_cache_hit_rate"),
             # how late the client's own loop ran (qtune.load.LoopLag)
             "client_lag_max_ms": (s.get("client_lag_ms") or {}).get("max"),

@@ -341,6 +341,8 @@ def render_search_result(res: TuneResult) -> None:
     t.add_row("failed", str((b or {}).get("failed", "-")), str(w["failed"]))
     out.print(t)
     conf = (res.profile.metrics.get("confirmation") if res.profile else None) or {}
+    # a capacity's unit: req/s, or streams in concurrency mode
+    unit = str((w.get("capacity") or {}).get("unit") or "req/s")
     for n, c in sorted(conf.items(), key=lambda kv: int(kv[0])):
         ci = c["ci95"]
         base = res.baseline is not None and str(res.baseline.number) == n
@@ -363,9 +365,9 @@ def render_search_result(res: TuneResult) -> None:
                 load_txt = _fmt(load)
             v = VerdictCapacity.from_dict(c.get("from_verdicts"))
             out.print(f"confirmed trial {n}{' (engine defaults)' if base else ''}: "
-                      f"{load_txt} req/s held on {held} of {starts} fresh "
+                      f"{load_txt} {unit} held on {held} of {starts} fresh "
                       f"starts{asked} ({runs_txt})"
-                      + (f"; capacity {v.text('req/s')}" if v else ""))
+                      + (f"; capacity {v.text(unit)}" if v else ""))
             continue
         out.print(f"confirmed trial {n}{' (engine defaults)' if base else ''}: "
                   f"median {_fmt(c['median'])} over "

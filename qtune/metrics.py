@@ -260,19 +260,22 @@ def keeps_up(samples: list[RequestSample], offered: float) -> dict[str, Any]:
       rate; an overloaded server completes at its own rate, not the offered.
     - ``held_growth``: the time a request spends in the server, requests sent
       in the last third of the window over those sent in the middle third
-      (the W of Little's law, read per request: a request that failed or never
-      finished is held to the last answer seen); a queue that grows reads > 1.
-      Not the requests in flight: those rise with the sends, and a Poisson
-      schedule sends more in one third than in another.  On one H100 (runs
-      25-26) every "queue growing" verdict read from the requests in flight
+      (the W of Little's law, read per request served); a queue that grows
+      reads > 1.  ``held_growth_per_send`` reads the same W the other way
+      round: mean requests in flight at a third's sends over its sends.  Not
+      the requests in flight alone: those rise with the sends, and a Poisson
+      schedule sends more in one third than in another (on one H100, runs
+      25-26, every "queue growing" verdict read from the requests in flight
       came from a window that sent 14-26% more in its last third, down to
-      16 req/s where the capacity was 17-20, and 4 of those 5 windows held
-      when measured again.  Read per send (in flight over sends) the count's
-      own Poisson noise stays: on a stable stand-in at 10 req/s with 10 s
-      thirds its sd was 0.082 against 0.042 read per request
-      (benchmarks/held_growth_noise.py).  ``held_mid``, ``held_last`` (the
-      requests in flight) and ``sent_mid``, ``sent_last`` (the sends) are
-      the figures said beside it.
+      16 req/s where the capacity was 17-20; 4 of those 5 held when measured
+      again).  Each reading has noise of its own: per send the count's,
+      per request the mix of request lengths.  On simulated stable servers
+      (benchmarks/held_growth_noise.py, 400 windows at 10 req/s) per send
+      read past 1.3x in 0-1.2% of windows, per request 0% with fixed output
+      lengths and 4.5% with a lognormal mix; both at once in none, while a
+      1.3x FIFO overload showed in both in 87% of windows (per send 88%).
+      ``held_mid``, ``held_last`` (the requests in flight) and ``sent_mid``,
+      ``sent_last`` (the sends) are the figures said beside them.
     - ``ttft_growth``: median TTFT of the requests sent in the last third
       over the middle third.
     """
@@ -291,13 +294,10 @@ def keeps_up(samples: list[RequestSample], offered: float) -> dict[str, Any]:
     held = in_flight_at_sends(samples)
     mid = [n for t, n in held if a <= t < b]
     last = [n for t, n in held if t >= b]
-    seen = max((s.start + s.e2e for s in ok if s.e2e is not None), default=t1)
-
-    def in_server(s: RequestSample) -> float:
-        return s.e2e if s.ok and s.e2e is not None else max(seen - s.start, 0.0)
-
-    w_mid = [in_server(s) for s in samples if a <= s.start < b]
-    w_last = [in_server(s) for s in samples if s.start >= b]
+    # (served requests only: a failed one's time is unknown, and any failure
+    # fails a capacity probe on its own)
+    w_mid = [s.e2e for s in ok if s.e2e is not None and a <= s.start < b]
+    w_last = [s.e2e for s in ok if s.e2e is not None and s.start >= b]
     tt_mid = [s.ttft for s in ok if s.ttft is not None and a <= s.start < b]
     tt_last = [s.ttft for s in ok if s.ttft is not None and s.start >= b]
 
@@ -311,6 +311,8 @@ def keeps_up(samples: list[RequestSample], offered: float) -> dict[str, Any]:
         "window_s": w,
         "served_share": done / (w * 2 / 3) / offered,
         "held_growth": growth(w_mid, w_last, lambda v: float(np.mean(v))),
+        # (one in-flight figure per send: a third's count is its sends)
+        "held_growth_per_send": growth(mid, last, lambda v: float(np.mean(v)) / len(v)),
         "held_mid": float(np.mean(mid)) if mid else None,
         "held_last": float(np.mean(last)) if last else None,
         "sent_mid": len(mid),

@@ -357,8 +357,8 @@ def recommend(study: optuna.Study) -> Recommendation:
                     w, b, ratio, basis, interval,
                     why is None, why, bracket,
                     (str(cap["decided"]) + decided) if cap.get("decided") else None,
-                    VerdictCapacity.from_dict(conf.get("from_verdicts")
-                                              or cap.get("from_verdicts")))
+                    VerdictCapacity.from_dict(conf.get("from_verdicts"))
+                    or VerdictCapacity.from_dict(cap.get("from_verdicts")))
     flags = launch_flags(best)
     slo_basis, slo_lines = _slo_lines(best, cap, conf, bracket, unit)
     # One sentence: the config's flags, the confirmation's why, the

@@ -177,13 +177,14 @@ def test_error_keys_are_capped():
 
 
 def _stable(rates: tuple[float, float, float], third_s: float, service_s: float,
-            seed: int) -> list[RequestSample]:
+            seed: int, mix: bool = False) -> list[RequestSample]:
     """Poisson sends at ``rates`` over three thirds of ``third_s`` each, every
     request served in ``service_s`` +-50% (a server with room for all: no
-    queue; the spread is a mix of output lengths)."""
+    queue; the spread is fixed output lengths' jitter), or with ``mix`` in a
+    lognormal time around it (sigma 1: a dataset's mix of output lengths)."""
     import random
 
-    rng = random.Random(seed)
+    rng, times = random.Random(seed), random.Random(seed + 1)  # (sends as in CI)
     out, t = [], 0.0
     for k, rate in enumerate(rates):
         end = (k + 1) * third_s
@@ -192,7 +193,8 @@ def _stable(rates: tuple[float, float, float], third_s: float, service_s: float,
             if t >= end:
                 t = end
                 break
-            e2e = service_s * (0.5 + rng.random())
+            e2e = service_s * (times.lognormvariate(-0.5, 1.0) if mix
+                               else 0.5 + times.random())
             out.append(RequestSample(start=t, ttft=0.05, e2e=e2e, output_tokens=8))
     return out
 
@@ -214,22 +216,27 @@ def _queue(rate: float, window_s: float, slots: int, service_s: float) -> list[R
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31), more=st.floats(1.0, 1.5), rate=st.floats(10, 40))
-@example(seed=39693, more=1.0, rate=10.0)  # CI of 9f21893 (read per send: 0.73x)
-def test_a_schedule_that_sends_more_late_is_no_growing_queue(seed, more, rate):
+@given(seed=st.integers(0, 2**31), more=st.floats(1.0, 1.5), rate=st.floats(10, 40),
+       mix=st.booleans())
+# the schedule that read 0.73x per send in CI of 9f21893 (0.71x with these times)
+@example(seed=39693, more=1.0, rate=10.0, mix=False)
+def test_a_schedule_that_sends_more_late_is_no_growing_queue(seed, more, rate, mix):
     """A server with room for every request keeps up whatever the schedule
     sends in the last third: the time a request spends in it does not grow.
     (Read as requests in flight, 1.2-1.26x more sends in the last third read
     "queue growing" on one H100, down to 16 req/s with a capacity of 17-20;
-    read per send, this example read 0.73x at seed 39693, 10 req/s: its sd
-    was 0.082, against 0.042 read per request, benchmarks/held_growth_noise.py.
-    0.25 is 6 of the latter's sd.)"""
+    read per send, this example read 0.73x at seed 39693, 10 req/s.  Either
+    reading alone passes 1.3x on some stable windows: per send 1.2%, per
+    request 4.5% with a lognormal mix, at 10 req/s; both at once in none of
+    400, benchmarks/held_growth_noise.py.  0.25 is 7 sd of the per-request
+    reading with fixed lengths.)"""
     from qtune.bench import falls_behind
     from qtune.metrics import keeps_up
 
-    samples = _stable((rate, rate, rate * more), 10.0, 3.0, seed)
+    samples = _stable((rate, rate, rate * more), 10.0, 3.0, seed, mix)
     k = keeps_up(samples, rate)
-    assert k["held_growth"] == pytest.approx(1.0, abs=0.25)
+    if not mix:  # (a lognormal mix reads 0.56-1.61x per request at 10 req/s)
+        assert k["held_growth"] == pytest.approx(1.0, abs=0.25)
     assert not (falls_behind({"keeps_up": k, "ttft_ms": {"p50": 50.0}}, rate) or "") \
         .startswith("queue growing")
 
@@ -242,6 +249,7 @@ def test_a_queue_that_grows_is_seen_whatever_the_sends(over):
 
     slots, service = 40, 2.0  # serves 20 req/s
     k = keeps_up(_queue(20.0 * over, 30.0, slots, service), 20.0 * over)
-    assert k["held_growth"] > 1.3 and k["sent_last"] == pytest.approx(k["sent_mid"], abs=1)
+    assert k["held_growth"] > 1.3 and k["held_growth_per_send"] > 1.3
+    assert k["sent_last"] == pytest.approx(k["sent_mid"], abs=1)
     assert falls_behind({"keeps_up": k, "ttft_ms": {"p50": 50.0}}, 20.0 * over) is not None
 

@@ -64,10 +64,13 @@ def test_the_interval_holds_the_true_capacity_about_as_often_as_it_says():
     """Against servers whose verdicts flip near the knee (spreads of 2-10% a
     logistic unit: run 25's 18-22 req/s band on one H100 is about 5%), 90%
     intervals from one search's probes hold the true capacity in at least 80%
-    of 300 searches; the bracket [held, failed) it replaces, far less often."""
+    of 200 searches; the bracket [held, failed) it replaces, far less often.
+    (The simulation is the fitted model's own family: this checks the fit, not
+    that real servers flip this way; benchmarks/capacity_posterior.py reads
+    real searches.)"""
     rng = random.Random(7)
     inside = in_bracket = n = 0
-    for _ in range(300):
+    for _ in range(200):
         c = rng.uniform(5, 50)
         s = rng.choice([0.02, 0.05, 0.1])
         verdicts = _bisect(c, s, rng)
@@ -79,7 +82,7 @@ def test_the_interval_holds_the_true_capacity_about_as_often_as_it_says():
         held = [x for x, h in verdicts if h]
         failed = [x for x, h in verdicts if not h and x > max(held, default=0)]
         in_bracket += bool(held) and max(held) <= c < min(failed, default=math.inf)
-    assert n > 250
+    assert n > 170
     assert inside / n >= 0.8, (inside, n)
     assert in_bracket / n < inside / n - 0.2, (in_bracket, inside, n)
 
