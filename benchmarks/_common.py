@@ -221,6 +221,32 @@ def launch(model: str | None, params: dict[str, object], work: Path) -> Any:
     return Server(spec, work / "server.log"), spec, str(m.tokenizer_dir)
 
 
+def fifo(rate: float, until_s: float, slots: int, service_s: float, seed: int, *,
+         jitter: float = 0.0, from_s: float = 0.0) -> list[Any]:
+    """A simulated first-come-first-served server of ``slots`` slots: Poisson
+    sends at ``rate`` until ``until_s``, each served in ``service_s`` (times
+    ``uniform(1 - jitter, 1 + jitter)`` when ``jitter``), as qtune's client
+    would record them (``RequestSample``s; TTFT is the wait plus 50 ms); the
+    requests sent before ``from_s`` fill the queue and are left out."""
+    import random
+
+    from qtune.load.client import RequestSample
+
+    rng = random.Random(seed)
+    free = [0.0] * slots
+    out, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= until_s:
+            return out
+        k = min(range(slots), key=free.__getitem__)
+        begin = max(t, free[k])
+        free[k] = begin + service_s * (rng.uniform(1 - jitter, 1 + jitter) if jitter else 1.0)
+        if t >= from_s:
+            out.append(RequestSample(start=t, ttft=begin - t + 0.05, e2e=free[k] - t,
+                                     output_tokens=8))
+
+
 def set_server_nice(pid: int, nice: int) -> None:
     """The autogroup nice of the server's session (qtune starts a server in a
     session of its own). Linux's CFS shares CPU between autogroups first, so

@@ -23,17 +23,10 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from qtune.capacity_types import step_verdicts  # noqa: E402
 from qtune.stats import capacity_from_verdicts  # noqa: E402
-
-
-def verdicts(search: dict[str, Any]) -> list[tuple[float, bool]]:
-    """(load, held) of every probe that decided (a soft failure measured
-    again is its re-measure's)."""
-    return [(float(st["load"]), bool(st["ok"])) for st in search.get("steps") or []
-            if not st.get("retried")]
 
 
 def summary(probes: list[tuple[float, bool]]) -> tuple[float, float, float]:
@@ -54,7 +47,7 @@ def main() -> int:
         data = json.loads(path.read_text())
         for i, cfg in enumerate(data["configs"]):
             runs = {k: cfg[k] for k in ("full", "fast", "full_again") if cfg.get(k)}
-            probes = {k: verdicts(v) for k, v in runs.items()}
+            probes = {k: step_verdicts(v.get("steps") or []) for k, v in runs.items()}
             loads = [p[0] for v in probes.values() for p in v]
             if not loads:
                 continue

@@ -27,10 +27,13 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import fifo  # noqa: E402
+
 from qtune.bench import HELD_GROWTH_MAX  # noqa: E402
 from qtune.load.client import RequestSample  # noqa: E402
-from qtune.metrics import in_flight_at_sends, keeps_up  # noqa: E402
+from qtune.metrics import keeps_up  # noqa: E402
 
 # How a request's time in the server is drawn around its mean: fixed output
 # lengths (qtune's synthetic workloads, +-50% uniform) against the wide mixes
@@ -58,34 +61,6 @@ def stable(rate: float, more: float, third_s: float, service_s: float, spread: s
     return out
 
 
-def queue(rate: float, window_s: float, slots: int, service_s: float,
-          seed: int) -> list[RequestSample]:
-    rng = random.Random(seed)
-    free = [0.0] * slots
-    out, t = [], 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= window_s:
-            return out
-        k = min(range(slots), key=free.__getitem__)
-        begin = max(t, free[k])
-        free[k] = begin + service_s
-        out.append(RequestSample(start=t, ttft=begin - t + 0.05, e2e=free[k] - t,
-                                 output_tokens=8))
-
-
-def per_send(samples: list[RequestSample]) -> float:
-    """The replaced reading: mean requests in flight at a third's sends over
-    its sends, last third over middle."""
-    sends = sorted(s.start for s in samples)
-    t0, t1 = sends[0], sends[-1]
-    a, b = t0 + (t1 - t0) / 3, t0 + 2 * (t1 - t0) / 3
-    held = in_flight_at_sends(samples)
-    mid = [n for t, n in held if a <= t < b]
-    last = [n for t, n in held if t >= b]
-    return (sum(last) / len(last) ** 2) / (sum(mid) / len(mid) ** 2)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--windows", type=int, default=400)
@@ -102,9 +77,10 @@ def main() -> None:
         for rate in (10.0, 20.0, 40.0):
             got: dict[str, list[float]] = {"per send": [], "per request": []}
             for i in range(args.windows):
-                s = stable(rate, 1.0 + 0.5 * (i % 5) / 4, args.third, args.service, spread, i)
-                got["per send"].append(per_send(s))
-                got["per request"].append(keeps_up(s, rate)["held_growth"])
+                k = keeps_up(stable(rate, 1.0 + 0.5 * (i % 5) / 4, args.third, args.service,
+                                    spread, i), rate)
+                got["per send"].append(k["held_growth_per_send"])
+                got["per request"].append(k["held_growth"])
             # qtune's verdict: past the limit both ways
             both = sum(min(a, b) > HELD_GROWTH_MAX
                        for a, b in zip(got["per send"], got["per request"], strict=True))
@@ -127,9 +103,9 @@ def main() -> None:
     for over in (1.1, 1.3, 1.6, 2.0):
         got = {"per send": [], "per request": []}
         for i in range(args.windows // 4):
-            s = queue(20.0 * over, args.third * 3, 40, 2.0, i)
-            got["per send"].append(per_send(s))
-            got["per request"].append(keeps_up(s, 20.0 * over)["held_growth"])
+            k = keeps_up(fifo(20.0 * over, args.third * 3, 40, 2.0, i), 20.0 * over)
+            got["per send"].append(k["held_growth_per_send"])
+            got["per request"].append(k["held_growth"])
         got["both"] = [min(a, b) for a, b in zip(got["per send"], got["per request"],
                                                  strict=True)]
         line = []

@@ -19,29 +19,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
+import sys
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import fifo  # noqa: E402
+
 
 def window(rate: float, window_s: float, seed: int) -> tuple[list[float], list[float]]:
     """(send times, TTFT ms) of the requests sent in the window after a warm-up
-    as long as the window."""
-    rng = random.Random(seed)
-    free = [0.0] * 40
-    starts, ttft, t = [], [], 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= 2 * window_s:
-            return starts, ttft
-        k = min(range(40), key=free.__getitem__)
-        begin = max(t, free[k])
-        free[k] = begin + 2.0 * rng.uniform(0.8, 1.2)
-        if t >= window_s:
-            starts.append(t)
-            ttft.append((begin - t) * 1000 + 50.0)
+    as long as the window, on 40 slots of 2 s +-20%."""
+    got = fifo(rate, 2 * window_s, 40, 2.0, seed, jitter=0.2, from_s=window_s)
+    return [s.start for s in got], [s.ttft * 1000 for s in got]
 
 
 def interval(starts: list[float], values: list[float], block_s: float,

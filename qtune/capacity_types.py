@@ -157,6 +157,15 @@ class Probe:
         return out
 
 
+def step_verdicts(steps: list[Any]) -> list[tuple[float, bool]]:
+    """(load, held) of each step of a stored capacity record
+    (``CapacityResult.to_dict``'s ``steps``, read back from a study or a
+    benchmark's JSON) that decided: a soft failure measured again counts as
+    its re-run, as in ``CapacityResult.from_verdicts``."""
+    return [(float(st["load"]), bool(st.get("ok"))) for st in steps
+            if isinstance(st, dict) and not st.get("retried")]
+
+
 @dataclass
 class Bracket:
     """The state of a capacity search (vLLM's ``SLAHistory`` plays this part

@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import optuna
 
+from qtune.capacity_types import step_verdicts
 from qtune.objectives import get_objective
 from qtune.params import JSONObject
 from qtune.search.budget import ConfirmationPlan, plan_confirmation, study_end
@@ -187,7 +188,7 @@ class _CapacityRuns:
             float(st["load"]) for i, st in enumerate(steps)
             if not st.get("ok") and not any(later.get("ok") and later["load"] == st["load"]
                                             for later in steps[i + 1:])]
-        self.windows[r.number] += _decided(steps)
+        self.windows[r.number] += step_verdicts(steps)
         if steps:
             self.asked[r.number].append(float(steps[0]["load"]))
             self.held[r.number].append(float(cap["value"]) if cap.get("found") else None)
@@ -219,16 +220,9 @@ class _CapacityRuns:
         # The capacity read from every window's verdict, the search's and the
         # fresh starts': an interval that a verdict going the other way near
         # the knee moves, where it moves the bracket a whole rung.
-        if (v := capacity_from_verdicts([*_decided(steps), *self.windows[n]])) is not None:
+        if (v := capacity_from_verdicts([*step_verdicts(steps), *self.windows[n]])) is not None:
             out["from_verdicts"] = v.to_dict()
         return out
-
-
-def _decided(steps: list[Any]) -> list[tuple[float, bool]]:
-    """(load, held) of each step of a capacity record that decided (a soft
-    failure measured again counts as its re-run)."""
-    return [(float(st["load"]), bool(st.get("ok"))) for st in steps
-            if isinstance(st, dict) and not st.get("retried")]
 
 
 def confirmed_bracket(search: list[float | None], fresh: list[float],
